@@ -1,0 +1,56 @@
+"""``fwd_intra``: the public GDN intra-chunk forward (checks, then dispatch)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .backend import resolve_impl
+from .reference import fwd_intra_jnp
+from .triton_launch import fwd_intra_triton
+from .validate import check_fwd_intra_args, check_impl
+
+
+def _as_array(x):
+    return x if x is None or hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+
+
+def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
+              impl="auto"):
+    """GDN intra-chunk forward: the WY representation ``w, u, A`` of every 64-row chunk.
+
+    For every sequence, value head ``h`` and chunk with rows ``i, j < n``
+    (``kk = k[..., h // (H // Hg), :]``)::
+
+        L[i, j] = beta_i <kk_i, kk_j> safe_exp(g_i - g_j)   (i > j, else 0)
+        A = (I + L)^-1
+        u_i = sum_j A[i, j] beta_j v_j
+        w_i = sum_j A[i, j] beta_j exp(g_j) kk_j
+
+    Args:
+      k: ``[B, T, Hg, K]`` keys, bfloat16, float16 or float32.
+      v: ``[B, T, H, V]`` values, dtype of ``k``; ``H % Hg == 0`` (GQA).
+      g: ``[B, T, H]`` cumulative sum of the log forget gates, local to each
+        64-chunk, in **natural log** (as the seed; flash-linear-attention 0.6
+        uses log2: divide its ``g`` by ``log2(e)``... i.e. multiply by ``ln 2``).
+        Any float dtype; ``None`` means no gate.
+      beta: ``[B, T, H]`` write strengths, float (usually float32 or k's dtype).
+      cu_seqlens: optional ``[N + 1]`` int32 offsets of a packed batch
+        (``B == 1``, ``cu[0] == 0``, non-decreasing, ``cu[-1] == T``). May be
+        traced under ``jax.jit``; then its values are not checked (see README).
+      chunk_size: 64, the only size the fused kernel supports.
+      chunk_indices: optional ``[NT, 2]`` int32 from
+        :func:`gdn_jax.prepare_chunk_indices` (computed when omitted).
+      impl: ``"auto"`` (Triton on an NVIDIA GPU, else the jnp reference),
+        ``"triton"`` or ``"reference"``.
+
+    Returns:
+      ``(w, u, A)``: ``w [B, T, H, K]`` in k's dtype, ``u [B, T, H, V]`` in v's
+      dtype, ``A [B, T, H, 64]`` in k's dtype, where row ``c0 + i`` holds
+      ``A[i, :n]`` of its chunk and zeros after.
+    """
+    check_impl("fwd_intra", impl)
+    k, v, g, beta, cu_seqlens, chunk_indices = map(
+        _as_array, (k, v, g, beta, cu_seqlens, chunk_indices))
+    check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
+    run = fwd_intra_triton if resolve_impl("fwd_intra", impl) == "triton" else fwd_intra_jnp
+    return run(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+               chunk_indices=chunk_indices)

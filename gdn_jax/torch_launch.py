@@ -1,0 +1,59 @@
+"""The same ``kernels/`` launched from PyTorch: the second launcher of the Triton
+sources, for the CPU interpreter tests (``TRITON_INTERPRET=1`` with torch CPU
+tensors) and the JAX-vs-torch benchmark on the GPU. Needs torch (not a
+dependency of gdn-jax; the ``test`` extra installs it).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .chunk_indices import cdiv, prepare_chunk_indices
+from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
+from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
+from .triton_launch import BC, _block
+
+# What the autotuner would pick, for launches that bypass it (the interpreter
+# cannot run the autotuner's benchmarking).
+UNTUNED_KKT = dict(BK=64, num_warps=4)
+UNTUNED_WU = dict(num_warps=4, num_stages=2)
+
+
+def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
+                    *, autotune=True, dot_precision="tf32"):
+    """``fwd_intra`` on torch tensors: the fused kkt+solve kernel, then w/u.
+
+    Shapes and dtypes as :func:`gdn_jax.fwd_intra`; ``cu_seqlens`` and
+    ``chunk_indices`` are torch integer tensors (``chunk_indices`` computed
+    from ``cu_seqlens`` when omitted). ``autotune=False`` calls the inner
+    ``JITFunction`` with a fixed config, which the interpreter needs.
+    """
+    import torch
+
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    BT = chunk_size
+    if cu_seqlens is not None and chunk_indices is None:
+        ci = np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), BT))
+        chunk_indices = torch.from_numpy(ci).to(k.device)
+    NT = cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
+    A = torch.zeros(B, T, H, BT, device=k.device, dtype=k.dtype)
+    w = torch.empty(B, T, H, K, device=k.device, dtype=k.dtype)
+    u = torch.empty(B, T, H, V, device=k.device, dtype=v.dtype)
+    if NT == 0 or B * H == 0:
+        return w, u, A
+    dummy = torch.zeros(1, dtype=torch.int32, device=k.device)
+    common = dict(
+        g=dummy if g is None else g,
+        beta=beta,
+        cu_seqlens=dummy if cu_seqlens is None else cu_seqlens.to(torch.int32),
+        chunk_indices=dummy if chunk_indices is None else chunk_indices.to(torch.int32),
+        T=T, H=H, Hg=Hg, K=K, BT=BT,
+        USE_G=g is not None, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
+    )
+    grid = (NT, B * H)
+    kkt = kkt_solve_kernel if autotune else kkt_solve_kernel.fn
+    wu = recompute_w_u_fwd_kernel if autotune else recompute_w_u_fwd_kernel.fn
+    kkt[grid](k=k, A=A, BC=BC, **common, **({} if autotune else UNTUNED_KKT))
+    wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V), **common,
+             **({} if autotune else UNTUNED_WU))
+    return w, u, A

@@ -1,0 +1,107 @@
+"""Launch of the ``kernels/`` Triton sources from JAX through ``jax_triton.triton_call``.
+
+Works with jax-triton 0.3.1 (``out_shape=``, no ``None`` operands, cannot be
+imported without a GPU jaxlib) and 0.4.x (``out_type=``). jax_triton is
+imported on first use only, so ``import gdn_jax`` works on a CPU-only host.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+
+from .chunk_indices import cdiv, chunk_indices_in_graph, prepare_chunk_indices
+from .validate import check_kernel_dtypes, is_traced
+
+BC = 16  # sub-block rows of the fused kernel (4 x 16 = 64)
+
+
+@functools.cache
+def jax_triton():
+    """The jax_triton module, or a RuntimeError saying why it cannot be used."""
+    try:
+        import jax_triton as jt
+    except ImportError as e:
+        raise RuntimeError(
+            "gdn_jax: the Triton path needs jax-triton and a CUDA-enabled jaxlib "
+            f"(pip install jax-triton 'jax[cuda13]'); importing jax_triton failed: {e}"
+        ) from e
+    return jt
+
+
+@functools.cache
+def _out_keyword() -> str:
+    params = inspect.signature(jax_triton().triton_call).parameters
+    return "out_type" if "out_type" in params else "out_shape"
+
+
+def triton_call(*args, out, **kwargs):
+    """``jax_triton.triton_call`` with the output spec under the keyword this
+    jax-triton version takes (0.4 renamed ``out_shape`` to ``out_type``)."""
+    return jax_triton().triton_call(*args, **{_out_keyword(): out}, **kwargs)
+
+
+@functools.cache
+def dot_precision() -> str:
+    """``"tf32"`` on sm_80 and newer (the seed's ``is_tf32_supported``), else ``"ieee"``."""
+    major = int(str(jax.devices()[0].compute_capability).split(".")[0])
+    return "tf32" if major >= 8 else "ieee"
+
+
+def _block(n: int) -> int:
+    """Tile width along a head dim: a power of two in [16, 64]."""
+    return max(16, min(64, 1 << (n - 1).bit_length()))
+
+
+def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None):
+    """The seed's fused kkt+solve kernel, then the w/u kernel, through jax-triton.
+
+    Inputs are assumed checked (:func:`gdn_jax.validate.check_fwd_intra_args`);
+    shapes and dtypes as :func:`gdn_jax.fwd_intra`.
+    """
+    from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
+    from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
+
+    check_kernel_dtypes("fwd_intra", k=k, v=v, g=g, beta=beta)
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    BT = chunk_size
+    w_type = jax.ShapeDtypeStruct((B, T, H, K), k.dtype)
+    u_type = jax.ShapeDtypeStruct((B, T, H, V), v.dtype)
+    A_type = jax.ShapeDtypeStruct((B, T, H, BT), k.dtype)
+
+    is_varlen = cu_seqlens is not None
+    if is_varlen and chunk_indices is None:
+        chunk_indices = (chunk_indices_in_graph(cu_seqlens, T, BT) if is_traced(cu_seqlens)
+                         else prepare_chunk_indices(cu_seqlens, BT))
+    NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
+    if B * T * H == 0 or NT == 0:
+        return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
+
+    # jax-triton 0.3 takes no None operand: an unused pointer gets a 1-element
+    # dummy, and USE_G / IS_VARLEN tell the kernel not to read it.
+    dummy = jnp.zeros((1,), jnp.int32)
+    g_arg = dummy if g is None else g
+    cu_arg = cu_seqlens.astype(jnp.int32) if is_varlen else dummy
+    ci_arg = chunk_indices.astype(jnp.int32) if is_varlen else dummy
+    flags = dict(USE_G=g is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision())
+    grid = (NT, B * H)
+
+    A = triton_call(
+        k, g_arg, beta, cu_arg, ci_arg, T,
+        kernel=chunk_gated_delta_rule_fwd_kkt_solve_kernel,
+        out=A_type,
+        grid=grid,
+        zeroed_outputs=(0,),  # the kernel writes the lower blocks only, as in the seed
+        H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags,
+    )
+    w, u = triton_call(
+        k, v, beta, g_arg, A, cu_arg, ci_arg, T,
+        kernel=recompute_w_u_fwd_kernel,
+        out=(w_type, u_type),
+        grid=grid,
+        H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_block(K), BV=_block(V), **flags,
+    )
+    return w, u, A

@@ -1,0 +1,170 @@
+"""Argument checks of the public ops: every error names the argument, what it
+got and what it needs.
+
+Checks on values (``cu_seqlens`` starting at 0, non-decreasing, ending at
+``T``) run only where ``cu_seqlens`` is concrete. Under ``jax.jit`` a traced
+``cu_seqlens`` cannot raise; see :func:`gdn_jax.check_cu_seqlens`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+CHUNK_SIZES = (64,)
+KERNEL_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+IMPLS = ("auto", "triton", "reference")
+
+
+class IntraDims(NamedTuple):
+    B: int
+    T: int
+    Hg: int
+    H: int
+    K: int
+    V: int
+
+
+def is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _shape(x) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def _check_rank(op: str, name: str, x, rank: int, layout: str) -> None:
+    if x.ndim != rank:
+        raise ValueError(
+            f"{op}: `{name}` must have rank {rank} {layout}, got shape {_shape(x)}"
+        )
+
+
+def _check_float(op: str, name: str, x, what: str = "a floating dtype") -> None:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(
+            f"{op}: `{name}` must have {what} (bfloat16, float16 or float32), got {x.dtype}"
+        )
+
+
+def _check_shape(op: str, name: str, x, want: tuple[int, ...], layout: str, why: str) -> None:
+    if _shape(x) != want:
+        raise ValueError(
+            f"{op}: `{name}` must have shape {layout} = {want} ({why}), got {_shape(x)}"
+        )
+
+
+def check_impl(op: str, impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: `impl` must be one of {IMPLS}, got {impl!r}")
+
+
+def check_chunk_size(op: str, chunk_size) -> None:
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(
+            f"{op}: `chunk_size` must be one of {CHUNK_SIZES} (the fused kernel "
+            f"hard-codes 4 sub-blocks of 16 rows), got {chunk_size!r}"
+        )
+
+
+def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int) -> None:
+    """Checks ``cu_seqlens``'s type, rank and batch; its values when concrete."""
+    if not hasattr(cu_seqlens, "dtype") or not jnp.issubdtype(cu_seqlens.dtype, jnp.integer):
+        raise TypeError(
+            f"{op}: `cu_seqlens` must be an integer array [N + 1], got "
+            f"{getattr(cu_seqlens, 'dtype', type(cu_seqlens).__name__)}"
+        )
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(
+            f"{op}: `cu_seqlens` must have rank 1 and at least 2 entries "
+            f"[0, ..., T], got shape {_shape(cu_seqlens)}"
+        )
+    if B != 1:
+        raise ValueError(
+            f"{op}: with `cu_seqlens` the sequences are packed along T, so the "
+            f"batch size B must be 1, got B={B}"
+        )
+    if is_traced(cu_seqlens):
+        return
+    cu = np.asarray(cu_seqlens)
+    if cu[0] != 0:
+        raise ValueError(f"{op}: `cu_seqlens[0]` must be 0, got {cu[0]}")
+    steps = np.diff(cu)
+    if (steps < 0).any():
+        i = int(np.argmax(steps < 0))
+        raise ValueError(
+            f"{op}: `cu_seqlens` must be non-decreasing, got cu_seqlens[{i}]={cu[i]} "
+            f"> cu_seqlens[{i + 1}]={cu[i + 1]}"
+        )
+    if cu[-1] != T:
+        raise ValueError(
+            f"{op}: `cu_seqlens[-1]` must equal T={T} (the packed length), got {cu[-1]}"
+        )
+
+
+def check_chunk_indices(op: str, chunk_indices, cu_seqlens) -> None:
+    if cu_seqlens is None:
+        raise ValueError(f"{op}: `chunk_indices` is given but `cu_seqlens` is None; pass both")
+    if not hasattr(chunk_indices, "dtype") or not jnp.issubdtype(chunk_indices.dtype, jnp.integer):
+        raise TypeError(
+            f"{op}: `chunk_indices` must be an integer array [NT, 2], got "
+            f"{getattr(chunk_indices, 'dtype', type(chunk_indices).__name__)}"
+        )
+    if chunk_indices.ndim != 2 or chunk_indices.shape[1] != 2:
+        raise ValueError(
+            f"{op}: `chunk_indices` must have shape [NT, 2] (sequence, chunk), "
+            f"got {_shape(chunk_indices)}"
+        )
+
+
+def check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices) -> IntraDims:
+    """Checks the arguments of ``fwd_intra`` and returns its dimensions."""
+    op = "fwd_intra"
+    if beta is None:
+        raise TypeError(
+            f"{op}: `beta` is required: the write strength [B, T, H] (usually sigmoid of a projection)"
+        )
+    _check_rank(op, "k", k, 4, "[B, T, Hg, K]")
+    _check_rank(op, "v", v, 4, "[B, T, H, V]")
+    _check_rank(op, "beta", beta, 3, "[B, T, H]")
+    _check_float(op, "k", k)
+    _check_float(op, "v", v)
+    _check_float(op, "beta", beta)
+    if v.dtype != k.dtype:
+        raise TypeError(f"{op}: `v` must have the dtype of `k` ({k.dtype}), got {v.dtype}")
+    B, T, Hg, K = _shape(k)
+    H, V = v.shape[2], v.shape[3]
+    if _shape(v)[:2] != (B, T):
+        raise ValueError(
+            f"{op}: `v` must have shape [B, T, H, V] with B, T = {(B, T)} as `k`, got {_shape(v)}"
+        )
+    if Hg == 0 or H % Hg:
+        raise ValueError(
+            f"{op}: the value heads H = v.shape[2] = {H} must be a multiple of the "
+            f"key heads Hg = k.shape[2] = {Hg} (GQA: value head h reads key head h // (H // Hg))"
+        )
+    if K == 0 or V == 0:
+        raise ValueError(f"{op}: head dims must be >= 1, got K = {K} (k), V = {V} (v)")
+    _check_shape(op, "beta", beta, (B, T, H), "[B, T, H]", "B, T of `k`, H of `v`")
+    if g is not None:
+        _check_rank(op, "g", g, 3, "[B, T, H]")
+        _check_float(op, "g", g)
+        _check_shape(op, "g", g, (B, T, H), "[B, T, H]", "B, T of `k`, H of `v`")
+    check_chunk_size(op, chunk_size)
+    if cu_seqlens is not None:
+        check_cu_seqlens(op, cu_seqlens, B, T)
+    if chunk_indices is not None:
+        check_chunk_indices(op, chunk_indices, cu_seqlens)
+    return IntraDims(B, T, Hg, H, K, V)
+
+
+def check_kernel_dtypes(op: str, **arrays) -> None:
+    """The Triton kernels take bfloat16, float16 and float32 only."""
+    for name, x in arrays.items():
+        if x is not None and jnp.dtype(x.dtype) not in KERNEL_DTYPES:
+            raise TypeError(
+                f"{op}: the Triton path takes `{name}` in bfloat16, float16 or float32, "
+                f"got {x.dtype}; cast it, or use impl='reference'"
+            )
