@@ -168,3 +168,71 @@ def check_kernel_dtypes(op: str, **arrays) -> None:
                 f"{op}: the Triton path takes `{name}` in bfloat16, float16 or float32, "
                 f"got {x.dtype}; cast it, or use impl='reference'"
             )
+
+
+class GdnDims(NamedTuple):
+    B: int
+    T: int
+    Hg: int
+    H: int
+    K: int
+    V: int
+    N: int  # number of sequences: B, or len(cu_seqlens) - 1 when packed
+
+
+def check_gdn_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                   *, same_dtype: bool) -> GdnDims:
+    """Checks the arguments of the whole GDN forward and returns its dimensions.
+
+    ``same_dtype`` asks ``q``, ``k`` and ``v`` to share one dtype (the fused
+    kernels read ``k`` and ``v`` with one element type).
+    """
+    for name, x in (("g", g), ("beta", beta)):
+        if x is None:
+            raise TypeError(
+                f"{op}: `{name}` is required: a float array [B, T, H] "
+                f"({'per-step log forget gate, <= 0' if name == 'g' else 'write strength'})"
+            )
+    _check_rank(op, "q", q, 4, "[B, T, Hg, K]")
+    _check_rank(op, "k", k, 4, "[B, T, Hg, K]")
+    _check_rank(op, "v", v, 4, "[B, T, H, V]")
+    _check_rank(op, "g", g, 3, "[B, T, H]")
+    _check_rank(op, "beta", beta, 3, "[B, T, H]")
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _check_float(op, name, x)
+    if same_dtype:
+        for name, x in (("q", q), ("v", v)):
+            if x.dtype != k.dtype:
+                raise TypeError(
+                    f"{op}: `{name}` must have the dtype of `k` ({k.dtype}), got {x.dtype}"
+                )
+    B, T, Hg, K = _shape(k)
+    H, V = v.shape[2], v.shape[3]
+    _check_shape(op, "q", q, (B, T, Hg, K), "[B, T, Hg, K]", "the shape of `k`")
+    if _shape(v)[:2] != (B, T):
+        raise ValueError(
+            f"{op}: `v` must have shape [B, T, H, V] with B, T = {(B, T)} as `k`, got {_shape(v)}"
+        )
+    if Hg == 0 or H % Hg:
+        raise ValueError(
+            f"{op}: the value heads H = v.shape[2] = {H} must be a multiple of the "
+            f"key heads Hg = k.shape[2] = {Hg} (GQA: value head h reads key head h // (H // Hg))"
+        )
+    if K == 0 or V == 0:
+        raise ValueError(f"{op}: head dims must be >= 1, got K = {K} (k), V = {V} (v)")
+    _check_shape(op, "g", g, (B, T, H), "[B, T, H]", "B, T of `k`, H of `v`")
+    _check_shape(op, "beta", beta, (B, T, H), "[B, T, H]", "B, T of `k`, H of `v`")
+    if scale is not None and jnp.ndim(scale) != 0:
+        raise ValueError(f"{op}: `scale` must be a scalar (or None for K ** -0.5), "
+                         f"got shape {jnp.shape(scale)}")
+    N = B
+    if cu_seqlens is not None:
+        check_cu_seqlens(op, cu_seqlens, B, T)
+        N = cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        _check_rank(op, "initial_state", initial_state, 4, "[N, H, K, V]")
+        _check_float(op, "initial_state", initial_state)
+        _check_shape(op, "initial_state", initial_state, (N, H, K, V), "[N, H, K, V]",
+                     "N = len(cu_seqlens) - 1 sequences" if cu_seqlens is not None
+                     else "N = B sequences")
+    return GdnDims(B, T, Hg, H, K, V, N)

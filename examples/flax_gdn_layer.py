@@ -1,0 +1,133 @@
+"""A Gated DeltaNet layer in Flax NNX, as Qwen3-Next uses it, on top of gdn_jax.
+
+    python examples/flax_gdn_layer.py                 # small CPU run
+    python examples/flax_gdn_layer.py --batch 4 --seq-len 4096 --hidden 2048 \\
+        --qk-heads 16 --v-heads 32 --head-dim 128 --dtype bfloat16   # GPU shape
+
+The layer: q/k/v/z/a/b projections, a causal depthwise conv (kernel 4) with
+SiLU over q, k, v, L2-normalised q and k, GQA (fewer q/k heads than v heads),
+``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (per-step
+natural-log forget gate), the chunked GDN forward, a gated RMSNorm
+``RMSNorm(o) * silu(z)`` per head and the output projection.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gdn_jax.backend import cuda_available, resolve_impl
+from gdn_jax.chunk import chunk_gated_delta_rule
+
+
+def l2_normalize(x, eps=1e-6):
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+class GatedDeltaNet(nnx.Module):
+    """Gated DeltaNet token mixer: ``[B, T, hidden] -> [B, T, hidden]``.
+
+    Args:
+      hidden: model width.
+      qk_heads: query/key heads ``Hg``.
+      v_heads: value heads ``H`` (a multiple of ``qk_heads``).
+      head_dim: ``K = V``, per head.
+      conv_size: causal depthwise conv width.
+      dtype: compute dtype of projections and of q, k, v fed to the kernel
+        (parameters stay float32; gates, norms in float32).
+      impl: ``fwd_intra`` implementation: ``"auto"``, ``"triton"`` or ``"reference"``.
+    """
+
+    def __init__(self, hidden: int, qk_heads: int, v_heads: int, head_dim: int, *,
+                 conv_size: int = 4, dtype=jnp.float32, impl: str = "auto", rngs: nnx.Rngs):
+        if v_heads % qk_heads:
+            raise ValueError(f"v_heads={v_heads} must be a multiple of qk_heads={qk_heads}")
+        self.qk_heads, self.v_heads, self.head_dim = qk_heads, v_heads, head_dim
+        self.dtype, self.impl = dtype, impl
+        key_dim, value_dim = qk_heads * head_dim, v_heads * head_dim
+        linear = partial(nnx.Linear, use_bias=False, dtype=dtype, rngs=rngs)
+        self.q_proj = linear(hidden, key_dim)
+        self.k_proj = linear(hidden, key_dim)
+        self.v_proj = linear(hidden, value_dim)
+        self.z_proj = linear(hidden, value_dim)  # output gate
+        self.a_proj = linear(hidden, v_heads)  # forget-gate logits
+        self.b_proj = linear(hidden, v_heads)  # write-strength logits
+        channels = 2 * key_dim + value_dim
+        self.conv = nnx.Conv(channels, channels, kernel_size=(conv_size,), padding="CAUSAL",
+                             feature_group_count=channels, use_bias=False, dtype=dtype, rngs=rngs)
+        # Per-head decay rate exp(A_log) in [1, 16], as Qwen3-Next initialises it.
+        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (v_heads,),
+                                                          minval=1.0, maxval=16.0)))
+        self.dt_bias = nnx.Param(jnp.ones((v_heads,), jnp.float32))
+        self.norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, rngs=rngs)
+        self.o_proj = linear(value_dim, hidden)
+
+    def __call__(self, x):
+        B, T, _ = x.shape
+        Hg, H, D = self.qk_heads, self.v_heads, self.head_dim
+        x = x.astype(self.dtype)
+        qkv = jax.nn.silu(self.conv(jnp.concatenate(
+            [self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=-1)))
+        q, k, v = jnp.split(qkv, [Hg * D, 2 * Hg * D], axis=-1)
+        q = l2_normalize(q.reshape(B, T, Hg, D)).astype(self.dtype)
+        k = l2_normalize(k.reshape(B, T, Hg, D)).astype(self.dtype)
+        v = v.reshape(B, T, H, D).astype(self.dtype)
+        beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
+        g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(
+            self.a_proj(x).astype(jnp.float32) + self.dt_bias[...])
+        o, _ = chunk_gated_delta_rule(q, k, v, g, beta, impl=self.impl)
+        z = self.z_proj(x).reshape(B, T, H, D).astype(jnp.float32)
+        o = self.norm(o.astype(jnp.float32)) * jax.nn.silu(z)
+        return self.o_proj(o.reshape(B, T, H * D).astype(self.dtype))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--qk-heads", type=int, default=4)
+    p.add_argument("--v-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=32)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--impl", choices=["auto", "triton", "reference"], default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    dtype = jnp.dtype(args.dtype)
+    layer = GatedDeltaNet(args.hidden, args.qk_heads, args.v_heads, args.head_dim,
+                          dtype=dtype, impl=args.impl, rngs=nnx.Rngs(args.seed))
+    graphdef, state = nnx.split(layer)
+
+    @jax.jit
+    def forward(state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    x = jax.random.normal(jax.random.key(args.seed + 1),
+                          (args.batch, args.seq_len, args.hidden), jnp.float32).astype(dtype)
+    y = forward(state, x).block_until_ready()  # compile + warm-up
+    forward(state, x).block_until_ready()
+    times = []
+    for _ in range(max(1, args.repeats)):
+        t0 = time.perf_counter()
+        forward(state, x).block_until_ready()
+        times.append(time.perf_counter() - t0)
+
+    path = resolve_impl("GatedDeltaNet", args.impl)
+    print(f"output shape {tuple(y.shape)} dtype {y.dtype}")
+    print(f"fwd_intra path: {path} (cuda_available={cuda_available()}, "
+          f"backend={jax.default_backend()})")
+    print(f"finite: {bool(jnp.isfinite(y.astype(jnp.float32)).all())}")
+    print(f"median jitted forward: {statistics.median(times) * 1e3:.3f} ms "
+          f"over {len(times)} calls")
+
+
+if __name__ == "__main__":
+    main()

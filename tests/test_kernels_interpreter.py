@@ -1,0 +1,70 @@
+"""The Triton kernel source itself, run by Triton's interpreter on torch CPU
+tensors (TRITON_INTERPRET=1, set by conftest.py where there is no GPU),
+against the float64 NumPy reference."""
+import os
+
+import numpy as np
+import pytest
+
+import jax
+
+if jax.default_backend() != "cpu":
+    pytest.skip(
+        "interpreter tests run where JAX has no GPU (CI); on a GPU machine run "
+        "JAX_PLATFORMS=cpu pytest tests/test_kernels_interpreter.py",
+        allow_module_level=True,
+    )
+assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
+
+import torch  # noqa: E402  (required: the interpreter launches on torch CPU tensors)
+
+from gdn_jax.torch_launch import fwd_intra_torch  # noqa: E402
+from inputs import as_f64, make_inputs  # noqa: E402
+from numpy_reference import check_against_numpy, fwd_intra_numpy  # noqa: E402
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def to_torch(x, dtype):
+    return None if x is None else torch.from_numpy(np.asarray(x, np.float32).copy()).to(dtype)
+
+
+def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0):
+    k, v, g, beta = make_inputs(seed, B, T, Hg, H, K, V, dtype, use_g=use_g, cu_seqlens=cu)
+    td = TORCH_DTYPES[dtype]
+    outs = fwd_intra_torch(
+        to_torch(k, td), to_torch(v, td), to_torch(g, torch.float32), to_torch(beta, torch.float32),
+        cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32),
+        autotune=False, dot_precision="ieee",
+    )
+    outs = [o.float().numpy() for o in outs]
+    ref = fwd_intra_numpy(*as_f64(k, v, g, beta), cu_seqlens=cu)
+    return outs, ref
+
+
+# No bfloat16 here: Triton's interpreter stores bfloat16 as uint16 and its
+# `tl.dot` multiplies the bit patterns (measured: A off by 1e10; upstream
+# triton-lang/triton#11584, "we just don't support it yet"). bfloat16 runs in
+# the GPU tests (tests/test_gpu.py).
+@pytest.mark.parametrize(
+    "dtype,B,T,Hg,H,use_g",
+    [
+        ("float32", 2, 65, 1, 2, True),
+        ("float32", 1, 64, 2, 4, False),
+        ("float32", 1, 1, 1, 4, True),
+        ("float16", 1, 130, 1, 1, True),
+        ("float16", 1, 63, 2, 2, True),
+    ],
+)
+def test_fixed_length(dtype, B, T, Hg, H, use_g, record_errors):
+    outs, ref = run(dtype, B, T, Hg, H, 32, 16, use_g=use_g, seed=T)
+    tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5} if dtype == "float32" else None
+    record_errors("interpreter", dtype, check_against_numpy(outs, ref, dtype, B, T, tol=tol))
+
+
+@pytest.mark.parametrize("cu", [[0, 1, 1, 64, 130], [0, 0, 70, 70]])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_varlen(cu, dtype, record_errors):
+    outs, ref = run(dtype, 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=len(cu))
+    tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5} if dtype == "float32" else None
+    record_errors("interpreter", dtype, check_against_numpy(outs, ref, dtype, 1, cu[-1], cu, tol=tol))
