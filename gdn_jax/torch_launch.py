@@ -19,13 +19,14 @@ UNTUNED_WU = dict(num_warps=4, num_stages=2)
 
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
-                    *, autotune=True, dot_precision="tf32"):
+                    *, autotune=True, dot_precision="tf32", kkt_kernel=kkt_solve_kernel):
     """``fwd_intra`` on torch tensors: the fused kkt+solve kernel, then w/u.
 
     Shapes and dtypes as :func:`gdn_jax.fwd_intra`; ``cu_seqlens`` and
     ``chunk_indices`` are torch integer tensors (``chunk_indices`` computed
     from ``cu_seqlens`` when omitted). ``autotune=False`` calls the inner
     ``JITFunction`` with a fixed config, which the interpreter needs.
+    ``kkt_kernel`` replaces the fused first kernel (benchmarks of variants).
     """
     import torch
 
@@ -51,7 +52,7 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         USE_G=g is not None, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
     )
     grid = (NT, B * H)
-    kkt = kkt_solve_kernel if autotune else kkt_solve_kernel.fn
+    kkt = kkt_kernel if autotune else kkt_kernel.fn
     wu = recompute_w_u_fwd_kernel if autotune else recompute_w_u_fwd_kernel.fn
     kkt[grid](k=k, A=A, BC=BC, **common, **({} if autotune else UNTUNED_KKT))
     wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V), **common,

@@ -15,23 +15,28 @@ if jax.default_backend() == "cpu":
 
 import pytest  # noqa: E402
 
-_ERRORS = collections.defaultdict(float)
-
 
 @pytest.fixture
-def record_errors():
-    """Keeps the largest error per (test file, dtype, output) for the summary."""
+def record_errors(request):
+    """Attaches {output: error} of a check to the test's report (this survives
+    pytest-xdist); the terminal summary prints the largest per dtype."""
 
     def record(kind, dtype, errs):
-        for name, e in errs.items():
-            key = (kind, dtype, name)
-            _ERRORS[key] = max(_ERRORS[key], e)
+        request.node.user_properties.append(("errors", (kind, dtype, dict(errs))))
 
     return record
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _ERRORS:
+    largest = collections.defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            for name, value in getattr(rep, "user_properties", ()):
+                if name == "errors" and getattr(rep, "when", "call") == "call":
+                    kind, dtype, errs = value
+                    for out, e in errs.items():
+                        largest[kind, dtype, out] = max(largest[kind, dtype, out], e)
+    if largest:
         terminalreporter.section("largest relative errors vs float64 (per sequence)")
-        for (kind, dtype, name), e in sorted(_ERRORS.items()):
-            terminalreporter.write_line(f"{kind:12s} {dtype:9s} {name}: {e:.3e}")
+        for (kind, dtype, out), e in sorted(largest.items()):
+            terminalreporter.write_line(f"{kind:12s} {dtype:9s} {out}: {e:.3e}")

@@ -1,0 +1,204 @@
+"""Benchmark of fwd_intra on the GPU machine: the gdn_jax Triton path under
+jax.jit, the same kernels launched from torch, the jnp reference under jax.jit,
+and the bandwidth floor (bytes that must move / measured copy bandwidth).
+
+    python benchmarks/bench_fwd_intra.py [--out DIR] [--quick] [--sweep]
+
+Every column is the median over repeated timed runs after warm-up, on random
+inputs. JAX and torch are timed the same way: wall clock around N back-to-back
+calls, then a device sync, divided by N (launches queue asynchronously, so
+this is device time once a call takes longer than its dispatch); torch's
+triton.testing.do_bench (CUDA events) is reported beside it. Prints the table
+last, writes JSON (and a PNG of time against T with --sweep) under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import gdn_jax  # noqa: E402
+
+SHAPES = {
+    # name: (B, T, Hg, H, K, V, packed sequence lengths or None)
+    "headline": (8, 4096, 16, 32, 128, 128, None),
+    "packed32k": (1, 32768, 16, 32, 128, 128,
+                  [1000, 7000, 3000, 5500, 2500, 6000, 4000, 3768]),
+    "B4T2048H8": (4, 2048, 8, 8, 128, 128, None),
+    "K256": (2, 4096, 16, 16, 256, 256, None),
+}
+
+
+def wall_median(fn, sync, n_inner=20, reps=7, warmup=3):
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n_inner):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / n_inner * 1e3)
+    return statistics.median(times)
+
+
+def make_inputs(B, T, Hg, H, K, V, seed=0):
+    key = jax.random.split(jax.random.key(seed), 4)
+    k = jax.random.normal(key[0], (B, T, Hg, K), jnp.float32)
+    k = (k / jnp.linalg.norm(k, axis=-1, keepdims=True)).astype(jnp.bfloat16)
+    v = jax.random.normal(key[1], (B, T, H, V), jnp.bfloat16)
+    beta = jax.nn.sigmoid(jax.random.normal(key[2], (B, T, H), jnp.float32))
+    a = -0.3 * jax.random.uniform(key[3], (B, T, H), jnp.float32)
+    # chunk-local cumsum (64-chunks from each row start; fine for timing)
+    pad = (-T) % 64
+    g = jnp.cumsum(jnp.pad(a, ((0, 0), (0, pad), (0, 0))).reshape(B, -1, 64, H), axis=2)
+    g = g.reshape(B, -1, H)[:, :T]
+    return k, v, g, beta
+
+
+def floor_bytes(B, T, Hg, H, K, V):
+    bf16, f32 = 2, 4
+    reads = B * T * (Hg * K * bf16 + H * V * bf16 + H * f32 + H * f32)
+    writes = B * T * (H * K * bf16 + H * V * bf16 + H * 64 * bf16)
+    return reads + writes
+
+
+def copy_bandwidth():
+    import torch
+
+    x = torch.empty(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    y = torch.empty_like(x)
+    ms = wall_median(lambda: y.copy_(x), torch.cuda.synchronize, n_inner=10)
+    return 2 * x.numel() * 2 / (ms * 1e-3)  # bytes read + written per second
+
+
+def torch_inputs(jax_arrays):
+    import torch
+
+    return [None if a is None else torch.from_dlpack(a) for a in jax_arrays]
+
+
+def seed_bound_kernel():
+    """kernels/kkt_solve.py with the seed's forward-substitution loop bound
+    `range(2, min(BC, T - i_tc*))` put back (the interpreter cannot run it)."""
+    from gdn_jax.kernels import kkt_solve
+
+    src = pathlib.Path(kkt_solve.__file__).read_text()
+    for i in range(4):
+        src = src.replace("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):", 1)
+    path = pathlib.Path(tempfile.mkdtemp()) / "kkt_solve_seed_bound.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("gdn_jax.kernels.kkt_solve_seed_bound", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.chunk_gated_delta_rule_fwd_kkt_solve_kernel
+
+
+def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, loop_bound):
+    import torch
+    import triton.testing
+
+    k, v, g, beta = make_inputs(B, T, Hg, H, K, V)
+    cu = None if lens is None else jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+    row = dict(shape=name, B=B, T=T, Hg=Hg, H=H, K=K, V=V, packed=lens is not None)
+
+    def jax_time(impl):
+        f = jax.jit(lambda k, v, g, beta, cu: gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu, impl=impl))
+        out = [None]
+
+        def call():
+            out[0] = f(k, v, g, beta, cu)
+
+        return wall_median(call, lambda: jax.block_until_ready(out[0]))
+
+    row["gdn_jax_ms"] = jax_time("triton")
+    if with_reference:
+        row["jnp_reference_ms"] = jax_time("reference")
+    if with_torch:
+        from gdn_jax.torch_launch import fwd_intra_torch
+
+        tk, tv, tg, tb = torch_inputs((k, v, g, beta))
+        tcu = None if cu is None else torch.from_dlpack(cu)
+        ci = None if cu is None else torch.from_dlpack(gdn_jax.prepare_chunk_indices(cu))
+
+        def tcall(kernel=None):
+            kw = {} if kernel is None else dict(kkt_kernel=kernel)
+            return lambda: fwd_intra_torch(tk, tv, tg, tb, cu_seqlens=tcu, chunk_indices=ci, **kw)
+
+        row["torch_ms"] = wall_median(tcall(), torch.cuda.synchronize)
+        row["torch_do_bench_ms"] = triton.testing.do_bench(tcall(), warmup=50, rep=300,
+                                                           return_mode="median")
+        if loop_bound:
+            row["torch_seed_bound_do_bench_ms"] = triton.testing.do_bench(
+                tcall(seed_bound_kernel()), warmup=50, rep=300, return_mode="median")
+            row["torch_do_bench_again_ms"] = triton.testing.do_bench(tcall(), warmup=50, rep=300,
+                                                                     return_mode="median")
+    row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
+    if "torch_ms" in row:
+        row["jax_over_torch"] = row["gdn_jax_ms"] / row["torch_ms"]
+    row["jax_over_floor"] = row["gdn_jax_ms"] / row["floor_ms"]
+    return row
+
+
+def print_table(rows, bw):
+    cols = ["shape", "gdn_jax_ms", "torch_ms", "torch_do_bench_ms", "jnp_reference_ms", "floor_ms",
+            "jax_over_torch", "jax_over_floor"]
+    print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {jax.devices()[0].device_kind}; jax {jax.__version__}")
+    print(" | ".join(f"{c:>17s}" for c in cols))
+    for r in rows:
+        print(" | ".join(f"{r[c]:>17.3f}" if isinstance(r.get(c), float) else f"{str(r.get(c, '-')):>17s}"
+                         for c in cols))
+    for r in rows:
+        if "torch_seed_bound_do_bench_ms" in r:
+            print(f"{r['shape']}: torch do_bench, loop range(2, BC) {r['torch_do_bench_ms']:.4f} / "
+                  f"{r['torch_do_bench_again_ms']:.4f} ms vs the seed's range(2, min(BC, T - i_tc)) "
+                  f"{r['torch_seed_bound_do_bench_ms']:.4f} ms")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--no-reference", action="store_true")
+    p.add_argument("--loop-bound", action="store_true", help="also time the seed's loop bound")
+    args = p.parse_args()
+    try:
+        import torch  # noqa: F401
+        with_torch = True
+    except ImportError:
+        with_torch = False
+    bw = copy_bandwidth() if with_torch else 4.19e12
+    versions = dict(jax=jax.__version__, device=jax.devices()[0].device_kind)
+    try:
+        import jax_triton
+        import triton
+
+        versions.update(jax_triton=jax_triton.__version__, triton=triton.__version__)
+    except ImportError:
+        pass
+    rows = []
+    for name in args.shapes.split(","):
+        rows.append(bench_shape(name, *SHAPES[name], bw, with_torch, not args.no_reference,
+                                args.loop_bound and name == "headline"))
+        print(json.dumps(rows[-1]), flush=True)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_fwd_intra.json").write_text(json.dumps(dict(versions=versions, copy_bw=bw, rows=rows), indent=1))
+    print(versions)
+    print_table(rows, bw)
+
+
+if __name__ == "__main__":
+    main()

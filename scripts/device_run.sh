@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU-machine session: installs the carried jax-triton wheel and this package
+# into /tmp (no registry there), then runs the given phases.
+#   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
+#   phases: info | test | bench | bench-quick | <any command, run with the env set>
+# Carry: .whl (jt03/, jt04/ wheels) and .shim (the triton36 sitecustomize).
+set -uo pipefail
+JT=$1; shift
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TRITON_CACHE_DIR=/tmp/triton_cache
+python3 -m pip install -q --no-index --no-deps --target /tmp/jt$JT .whl/jt$JT/*.whl || exit 1
+# The package as users get it (kernels/ mapped to gdn_jax.kernels); a copy if the
+# image's setuptools cannot build it offline.
+if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/pkg . >"$OUT/install.log" 2>&1; then
+  echo "pip install of the package failed (see install.log); using a copy"; tail -3 "$OUT/install.log"
+  rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r gdn_jax /tmp/pkg/ && cp -r kernels /tmp/pkg/gdn_jax/kernels
+fi
+SHIM=""; [ "$JT" = 04 ] && SHIM=:$PWD/.shim
+export PYTHONPATH=/tmp/jt$JT$SHIM:/tmp/pkg
+for phase in "$@"; do
+  case $phase in
+    info) python3 -P -c "import jax, jax_triton, triton, torch, gdn_jax; print('jax', jax.__version__, 'jax_triton', jax_triton.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices(), gdn_jax.__file__)";;
+    test) python3 -P -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
+    bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" --loop-bound 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -20;;
+    *) bash -c "$phase";;
+  esac
+done

@@ -1,0 +1,97 @@
+"""The Triton path on an NVIDIA GPU against the float64 NumPy reference (at
+SPEC.md's tolerances) and the jnp reference. Skipped where JAX has no CUDA GPU."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gdn_jax
+from gdn_jax.backend import cuda_available
+from inputs import as_f64, make_inputs
+from numpy_reference import SPEC_TOL, check_against_numpy, fwd_intra_numpy, max_rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_available(), reason="needs an NVIDIA GPU as JAX's default backend"),
+]
+
+K = V = 128
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+@functools.partial(jax.jit, static_argnames="impl")
+def run(k, v, g, beta, cu_seqlens=None, impl="triton"):
+    return gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu_seqlens, impl=impl)
+
+
+def check(dtype, k, v, g, beta, cu=None, record=None):
+    B, T = k.shape[:2]
+    cu_arr = None if cu is None else jnp.asarray(cu, jnp.int32)
+    outs = run(k, v, g, beta, cu_arr)
+    ref = fwd_intra_numpy(*as_f64(k, v, g, beta), cu_seqlens=cu)
+    errs = check_against_numpy(outs, ref, dtype, B, T, cu)
+    # The jnp reference (float32 math, rounded once to the dtype) as the yardstick:
+    jref = run(k, v, g, beta, cu_arr, impl="reference")
+    for name, o, r in zip("wuA", outs, jref):
+        r64 = np.asarray(r.astype(jnp.float32), np.float64)
+        e = max_rel_err(np.asarray(o.astype(jnp.float32)), r64, B, T, cu)
+        assert e <= SPEC_TOL[dtype][name], f"{name} vs jnp reference: {e:.3g}"
+    if record is not None:
+        record("gpu", dtype, errs)
+    return outs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,ratio", [(1, 1), (63, 2), (64, 4), (65, 1), (1000, 2), (4096, 4)])
+def test_fixed_length(dtype, T, ratio, record_errors):
+    B, Hg = 2, 2
+    check(dtype, *make_inputs(T + ratio, B, T, Hg, Hg * ratio, K, V, dtype), record=record_errors)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+def test_gqa_and_no_gate(dtype, ratio, record_errors):
+    for use_g in (True, False):
+        check(dtype, *make_inputs(ratio, 1, 300, 4, 4 * ratio, K, V, dtype, use_g=use_g),
+              record=record_errors)
+
+
+VARLEN = [
+    [0, 1, 1, 64, 65, 130, 193, 1193],  # lengths 1, 0, 63, 1, 65, 63, 1000
+    [0, 0, 700, 700, 1300, 1300],  # empty first, middle and last
+    [0, 4096],  # all tokens in one sequence
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cu", VARLEN, ids=["mixed", "empties", "one"])
+def test_varlen_traced(dtype, cu, record_errors):
+    check(dtype, *make_inputs(len(cu), 1, cu[-1], 2, 4, K, V, dtype, cu_seqlens=cu), cu=cu,
+          record=record_errors)
+
+
+def test_varlen_concrete_equals_traced_and_per_sequence():
+    cu = VARLEN[0]
+    k, v, g, beta = make_inputs(9, 1, cu[-1], 2, 4, K, V, "bfloat16", cu_seqlens=cu)
+    cu_arr = jnp.asarray(cu, jnp.int32)
+    traced = run(k, v, g, beta, cu_arr)
+    concrete = gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu_arr, impl="triton")
+    for a, b in zip(traced, concrete):
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+    for s, e in zip(cu[:-1], cu[1:]):
+        if e > s:
+            alone = run(k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e])
+            for a, b in zip(traced, alone):
+                np.testing.assert_array_equal(np.asarray(a[:, s:e].astype(jnp.float32)),
+                                              np.asarray(b.astype(jnp.float32)))
+
+
+def test_float64_rejected():
+    with jax.enable_x64(True):
+        k, v, g, beta = (None if x is None else x.astype(jnp.float64)
+                         for x in make_inputs(0, 1, 10, 1, 1, 16, 16))
+        with pytest.raises(TypeError, match="`k` in bfloat16, float16 or float32, got float64"):
+            gdn_jax.fwd_intra(k, v, g, beta, impl="triton")
+        gdn_jax.fwd_intra(k, v, g, beta, impl="reference")  # the reference takes float64
