@@ -90,23 +90,32 @@ def torch_inputs(jax_arrays):
     return [None if a is None else torch.from_dlpack(a) for a in jax_arrays]
 
 
-def seed_bound_kernel():
-    """kernels/kkt_solve.py with the seed's forward-substitution loop bound
-    `range(2, min(BC, T - i_tc*))` put back (the interpreter cannot run it)."""
+VARIANTS = {
+    # the seed's forward-substitution loop bound, which the interpreter cannot run
+    "seed_loop_bound": [("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
+                        for i in range(4)],
+    # the seed's int32 sequence offsets (wrong past 2^31 elements)
+    "int32_offsets": [(".to(tl.int64)", ".to(tl.int32)")] * 2 + [("i_b.to(tl.int64) * T", "i_b * T")] * 2,
+}
+
+
+def kernel_variant(name):
+    """kernels/kkt_solve.py with one change undone (VARIANTS), as a fresh module."""
     from gdn_jax.kernels import kkt_solve
 
     src = pathlib.Path(kkt_solve.__file__).read_text()
-    for i in range(4):
-        src = src.replace("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):", 1)
-    path = pathlib.Path(tempfile.mkdtemp()) / "kkt_solve_seed_bound.py"
+    for old, new in VARIANTS[name]:
+        assert old in src, (name, old)
+        src = src.replace(old, new, 1)
+    path = pathlib.Path(tempfile.mkdtemp()) / f"kkt_solve_{name}.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location("gdn_jax.kernels.kkt_solve_seed_bound", path)
+    spec = importlib.util.spec_from_file_location(f"gdn_jax.kernels.kkt_solve_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.chunk_gated_delta_rule_fwd_kkt_solve_kernel
 
 
-def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, loop_bound):
+def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants):
     import torch
     import triton.testing
 
@@ -140,11 +149,12 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, l
         row["torch_ms"] = wall_median(tcall(), torch.cuda.synchronize)
         row["torch_do_bench_ms"] = triton.testing.do_bench(tcall(), warmup=50, rep=300,
                                                            return_mode="median")
-        if loop_bound:
-            row["torch_seed_bound_do_bench_ms"] = triton.testing.do_bench(
-                tcall(seed_bound_kernel()), warmup=50, rep=300, return_mode="median")
-            row["torch_do_bench_again_ms"] = triton.testing.do_bench(tcall(), warmup=50, rep=300,
-                                                                     return_mode="median")
+        if variants:
+            bench = lambda kernel=None: triton.testing.do_bench(  # noqa: E731
+                tcall(kernel), warmup=50, rep=300, return_mode="median")
+            for name in VARIANTS:
+                row[f"torch_{name}_do_bench_ms"] = bench(kernel_variant(name))
+            row["torch_do_bench_again_ms"] = bench()
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     if "torch_ms" in row:
         row["jax_over_torch"] = row["gdn_jax_ms"] / row["torch_ms"]
@@ -161,10 +171,10 @@ def print_table(rows, bw):
         print(" | ".join(f"{r[c]:>17.3f}" if isinstance(r.get(c), float) else f"{str(r.get(c, '-')):>17s}"
                          for c in cols))
     for r in rows:
-        if "torch_seed_bound_do_bench_ms" in r:
-            print(f"{r['shape']}: torch do_bench, loop range(2, BC) {r['torch_do_bench_ms']:.4f} / "
-                  f"{r['torch_do_bench_again_ms']:.4f} ms vs the seed's range(2, min(BC, T - i_tc)) "
-                  f"{r['torch_seed_bound_do_bench_ms']:.4f} ms")
+        if "torch_do_bench_again_ms" in r:
+            print(f"{r['shape']} kkt_solve variants, torch do_bench median ms: as shipped "
+                  f"{r['torch_do_bench_ms']:.4f} (again {r['torch_do_bench_again_ms']:.4f}); "
+                  + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS))
 
 
 def main():
@@ -172,7 +182,8 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--no-reference", action="store_true")
-    p.add_argument("--loop-bound", action="store_true", help="also time the seed's loop bound")
+    p.add_argument("--variants", action="store_true",
+                   help="also time kernel variants with one change undone (headline shape)")
     args = p.parse_args()
     try:
         import torch  # noqa: F401
@@ -191,7 +202,7 @@ def main():
     rows = []
     for name in args.shapes.split(","):
         rows.append(bench_shape(name, *SHAPES[name], bw, with_torch, not args.no_reference,
-                                args.loop_bound and name == "headline"))
+                                args.variants and name == "headline"))
         print(json.dumps(rows[-1]), flush=True)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

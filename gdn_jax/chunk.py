@@ -52,9 +52,8 @@ def _chunk_starts(B, T, cu_seqlens, chunk_indices):
         start = lane * T + jnp.arange(cdiv(T, BT), dtype=jnp.int32)[:, None] * BT
         end = jnp.broadcast_to(lane * T + T, start.shape)
         return start, end, jnp.broadcast_to(lane, start.shape)
-    cu = cu_seqlens.astype(jnp.int32)
     seq, c = chunk_indices[:, 0], chunk_indices[:, 1]
-    return (cu[seq] + c * BT)[:, None], cu[seq + 1][:, None], seq[:, None]
+    return (cu_seqlens[seq] + c * BT)[:, None], cu_seqlens[seq + 1][:, None], seq[:, None]
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
@@ -98,6 +97,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     if cu_seqlens is not None:
         chunk_indices = (chunk_indices_in_graph(cu_seqlens, T, BT) if is_traced(cu_seqlens)
                          else prepare_chunk_indices(cu_seqlens, BT))
+        # Values checked above; from here on a jax array (NumPy cannot be indexed
+        # by the traced chunk indices under jit).
+        cu_seqlens = jnp.asarray(cu_seqlens, jnp.int32)
     start, end, seq = _chunk_starts(B, T, cu_seqlens, chunk_indices)
     pos = start[..., None] + jnp.arange(BT, dtype=jnp.int32)  # [L, M, BT]
     valid = pos < end[..., None]

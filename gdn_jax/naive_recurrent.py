@@ -85,7 +85,7 @@ def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
         seq = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32), (T, B))
     else:
         # One lane walks the packed tokens; each token updates its own sequence's state.
-        cu = cu_seqlens.astype(jnp.int32)
+        cu = jnp.asarray(cu_seqlens, jnp.int32)
         owner = jnp.searchsorted(cu, jnp.arange(T, dtype=jnp.int32), side="right") - 1
         seq = jnp.clip(owner, 0, N - 1).astype(jnp.int32)[:, None]  # [T, 1]
         xs = [jnp.swapaxes(x, 0, 1) for x in xs]  # [T, 1, ...]

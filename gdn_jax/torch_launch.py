@@ -51,7 +51,7 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         T=T, H=H, Hg=Hg, K=K, BT=BT,
         USE_G=g is not None, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
     )
-    grid = (NT, B * H)
+    grid = (NT, H, B)  # chunks, value heads, batch rows
     kkt = kkt_kernel if autotune else kkt_kernel.fn
     wu = recompute_w_u_fwd_kernel if autotune else recompute_w_u_fwd_kernel.fn
     kkt[grid](k=k, A=A, BC=BC, **common, **({} if autotune else UNTUNED_KKT))

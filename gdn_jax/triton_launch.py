@@ -87,7 +87,7 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     cu_arg = cu_seqlens.astype(jnp.int32) if is_varlen else dummy
     ci_arg = chunk_indices.astype(jnp.int32) if is_varlen else dummy
     flags = dict(USE_G=g is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision())
-    grid = (NT, B * H)
+    grid = (NT, H, B)  # chunks, value heads, batch rows
 
     A = triton_call(
         k, g_arg, beta, cu_arg, ci_arg, T,

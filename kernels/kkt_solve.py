@@ -27,6 +27,7 @@ from .safe_exp import safe_exp
 #   precision is the constexpr DOT_PRECISION that the launcher picks ("tf32"
 #   on sm_80 and newer, as the seed's `is_tf32_supported`), so that this file
 #   imports nothing but triton.
+# - Grid (NT, H, B) and 64-bit sequence offsets: see the comments in the body.
 # - The forward-substitution loops run `range(2, BC)` instead of the seed's
 #   `range(2, min(BC, T - i_tc*))`, which the interpreter cannot run. Rows past
 #   T are masked to zero, so the extra iterations rewrite them with the zeros
@@ -71,19 +72,22 @@ def chunk_gated_delta_rule_fwd_kkt_solve_kernel(
     4. Block merge to get full (I+A)^{-1}
     5. Write result to A (output)
     """
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    # gdn-jax: grid (NT, H, B) instead of the seed's (NT, B * H), whose second
+    # dimension CUDA caps at 65535.
+    i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
+    # gdn-jax: 64-bit `bos`, so that offsets such as `bos * Hg * K` stay right
+    # past 2^31 elements (the seed computes them in int32).
     if IS_VARLEN:
         i_n, i_t = tl.load(chunk_indices + i_t * 2).to(tl.int32), tl.load(
             chunk_indices + i_t * 2 + 1
         ).to(tl.int32)
-        bos, eos = tl.load(cu_seqlens + i_n).to(tl.int32), tl.load(
+        bos, eos = tl.load(cu_seqlens + i_n).to(tl.int64), tl.load(
             cu_seqlens + i_n + 1
-        ).to(tl.int32)
+        ).to(tl.int64)
         T = eos - bos
     else:
-        bos, eos = i_b * T, i_b * T + T
+        bos, eos = i_b.to(tl.int64) * T, i_b.to(tl.int64) * T + T
 
     if i_t * BT >= T:
         return

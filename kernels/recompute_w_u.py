@@ -1,6 +1,6 @@
 """Second stage of the GDN intra-chunk forward: ``u = A (beta v)``, ``w = A (beta exp(g) k)``.
 
-Written from SPEC.md. One program per (chunk, batch * value head), the same
+Written from SPEC.md. One program per (chunk, value head, batch row), the same
 grid, varlen and GQA conventions as the seed kernel in ``kkt_solve.py``: value
 head ``i_h`` reads key head ``i_h // (H // Hg)``, and with IS_VARLEN the chunk
 ``(i_n, i_t)`` of ``chunk_indices`` covers rows ``[bos + 64 i_t, min(bos + 64
@@ -45,17 +45,17 @@ def recompute_w_u_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
+    # 64-bit `bos`: offsets such as `bos * H * V` pass 2^31 on large inputs.
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
         T = eos - bos
     else:
-        bos, eos = i_b * T, i_b * T + T
+        bos, eos = i_b.to(tl.int64) * T, i_b.to(tl.int64) * T + T
 
     if i_t * BT >= T:
         return

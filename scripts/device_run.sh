@@ -20,8 +20,11 @@ export PYTHONPATH=/tmp/jt$JT$SHIM:/tmp/pkg
 for phase in "$@"; do
   case $phase in
     info) python3 -P -c "import jax, jax_triton, triton, torch, gdn_jax; print('jax', jax.__version__, 'jax_triton', jax_triton.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices(), gdn_jax.__file__)";;
-    test) python3 -P -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
-    bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" --loop-bound 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -20;;
+    # compiling dominates, so the GPU tests run in 8 processes; the slow ones
+    # (tensors of tens of GB) run alone afterwards
+    test) python3 -P -m pytest -q -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25
+          python3 -P -m pytest -q -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;
+    bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" --variants 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -20;;
     *) bash -c "$phase";;
   esac
 done
