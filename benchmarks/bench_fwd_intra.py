@@ -138,6 +138,11 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     if with_torch:
         from gdn_jax.torch_launch import fwd_intra_torch
 
+        # jax-triton 0.3.1 sets TRITON_CACHE_DIR="" on import, which breaks
+        # torch-launched Triton kernels in the same process.
+        if not os.environ.get("TRITON_CACHE_DIR"):
+            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
+
         tk, tv, tg, tb = torch_inputs((k, v, g, beta))
         tcu = None if cu is None else torch.from_dlpack(cu)
         ci = None if cu is None else torch.from_dlpack(gdn_jax.prepare_chunk_indices(cu))
