@@ -30,11 +30,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .chunk_indices import cdiv, chunk_indices_in_graph, prepare_chunk_indices
+from .chunk_indices import cdiv, varlen_work_list
 from .intra import fwd_intra
 from .naive_recurrent import prepare_gdn_args, repeat_heads
 from .reference import compute_dtype
-from .validate import check_impl, is_traced
+from .validate import check_impl
 
 HIGHEST = jax.lax.Precision.HIGHEST
 BT = 64
@@ -93,13 +93,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     if B * T == 0:
         return jnp.zeros((B, T, H, V), v.dtype), (states if output_final_state else None)
 
-    chunk_indices = None
-    if cu_seqlens is not None:
-        chunk_indices = (chunk_indices_in_graph(cu_seqlens, T, BT) if is_traced(cu_seqlens)
-                         else prepare_chunk_indices(cu_seqlens, BT))
-        # Values checked above; from here on a jax array (NumPy cannot be indexed
-        # by the traced chunk indices under jit).
-        cu_seqlens = jnp.asarray(cu_seqlens, jnp.int32)
+    cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, None, T, BT)
     start, end, seq = _chunk_starts(B, T, cu_seqlens, chunk_indices)
     pos = start[..., None] + jnp.arange(BT, dtype=jnp.int32)  # [L, M, BT]
     valid = pos < end[..., None]

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .validate import is_traced
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -83,3 +85,20 @@ def chunk_indices_in_graph(cu_seqlens: jax.Array, T: int, chunk_size: int = 64) 
     return jnp.stack(
         [jnp.where(real, seq, pad_seq), jnp.where(real, chunk, pad_chunk)], axis=1
     ).astype(jnp.int32)
+
+
+def varlen_work_list(cu_seqlens, chunk_indices, T: int, chunk_size: int = 64):
+    """``(cu_seqlens, chunk_indices)`` as int32 jax arrays for a checked packed
+    batch, or ``(None, None)`` without ``cu_seqlens``.
+
+    When ``chunk_indices`` is not given: the exact list of
+    :func:`prepare_chunk_indices` for a concrete ``cu_seqlens`` (NumPy or jax
+    array, computed on the host once), the padded list of
+    :func:`chunk_indices_in_graph` for a traced one.
+    """
+    if cu_seqlens is None:
+        return None, None
+    if chunk_indices is None:
+        chunk_indices = (chunk_indices_in_graph(cu_seqlens, T, chunk_size) if is_traced(cu_seqlens)
+                         else prepare_chunk_indices(cu_seqlens, chunk_size))
+    return jnp.asarray(cu_seqlens, jnp.int32), jnp.asarray(chunk_indices, jnp.int32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .backend import resolve_impl
+from .chunk_indices import varlen_work_list
 from .reference import fwd_intra_jnp
 from .triton_launch import fwd_intra_triton
 from .validate import check_fwd_intra_args, check_impl
@@ -29,8 +30,8 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
       k: ``[B, T, Hg, K]`` keys, bfloat16, float16 or float32.
       v: ``[B, T, H, V]`` values, dtype of ``k``; ``H % Hg == 0`` (GQA).
       g: ``[B, T, H]`` cumulative sum of the log forget gates, local to each
-        64-chunk, in **natural log** (as the seed; flash-linear-attention 0.6
-        uses log2: divide its ``g`` by ``log2(e)``... i.e. multiply by ``ln 2``).
+        64-chunk, in **natural log** as in the seed (flash-linear-attention 0.6
+        keeps log2-space gates: multiply such a ``g`` by ``ln 2`` first).
         Any float dtype; ``None`` means no gate.
       beta: ``[B, T, H]`` write strengths, float (usually float32 or k's dtype).
       cu_seqlens: optional ``[N + 1]`` int32 offsets of a packed batch
@@ -51,6 +52,7 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
     k, v, g, beta, cu_seqlens, chunk_indices = map(
         _as_array, (k, v, g, beta, cu_seqlens, chunk_indices))
     check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
+    cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, k.shape[1], chunk_size)
     run = fwd_intra_triton if resolve_impl("fwd_intra", impl) == "triton" else fwd_intra_jnp
     return run(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                chunk_indices=chunk_indices)

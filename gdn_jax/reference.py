@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-from .chunk_indices import cdiv, chunk_indices_in_graph, prepare_chunk_indices
-from .validate import check_fwd_intra_args, is_traced
+from .chunk_indices import cdiv, varlen_work_list
+from .validate import check_fwd_intra_args
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -66,7 +66,9 @@ def compute_dtype(*dtypes) -> jnp.dtype:
 
 
 def fwd_intra_jnp(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None):
-    """:func:`fwd_intra_reference` without the argument checks (inputs already checked)."""
+    """:func:`fwd_intra_reference` without the argument checks: inputs already
+    checked, and with ``cu_seqlens`` both it and ``chunk_indices`` int32 jax
+    arrays (:func:`gdn_jax.chunk_indices.varlen_work_list`)."""
     B, T, Hg, K = k.shape
     H = v.shape[2]
     BT = chunk_size
@@ -93,12 +95,7 @@ def fwd_intra_jnp(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indice
         )
 
     # Packed varlen: gather every chunk of the work list, compute, scatter back.
-    if chunk_indices is None:
-        if is_traced(cu_seqlens):
-            chunk_indices = chunk_indices_in_graph(cu_seqlens, T, BT)
-        else:
-            chunk_indices = prepare_chunk_indices(cu_seqlens, BT)
-    cu = cu_seqlens.astype(jnp.int32)
+    cu = cu_seqlens
     seq, c = chunk_indices[:, 0], chunk_indices[:, 1]
     start = cu[seq] + c * BT
     end = jnp.minimum(start + BT, cu[seq + 1])
@@ -137,5 +134,6 @@ def fwd_intra_reference(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=
       ``A [B, T, H, 64]`` (k.dtype).
     """
     check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
+    cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, k.shape[1], chunk_size)
     return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                          chunk_indices=chunk_indices)

@@ -12,8 +12,8 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-from .chunk_indices import cdiv, chunk_indices_in_graph, prepare_chunk_indices
-from .validate import check_kernel_dtypes, is_traced
+from .chunk_indices import cdiv
+from .validate import check_kernel_dtypes
 
 BC = 16  # sub-block rows of the fused kernel (4 x 16 = 64)
 
@@ -58,8 +58,10 @@ def _block(n: int) -> int:
 def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None):
     """The seed's fused kkt+solve kernel, then the w/u kernel, through jax-triton.
 
-    Inputs are assumed checked (:func:`gdn_jax.validate.check_fwd_intra_args`);
-    shapes and dtypes as :func:`gdn_jax.fwd_intra`.
+    Inputs are assumed checked (:func:`gdn_jax.validate.check_fwd_intra_args`),
+    and with ``cu_seqlens`` both it and ``chunk_indices`` int32 jax arrays
+    (:func:`gdn_jax.chunk_indices.varlen_work_list`); shapes and dtypes as
+    :func:`gdn_jax.fwd_intra`.
     """
     from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
     from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
@@ -73,9 +75,6 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     A_type = jax.ShapeDtypeStruct((B, T, H, BT), k.dtype)
 
     is_varlen = cu_seqlens is not None
-    if is_varlen and chunk_indices is None:
-        chunk_indices = (chunk_indices_in_graph(cu_seqlens, T, BT) if is_traced(cu_seqlens)
-                         else prepare_chunk_indices(cu_seqlens, BT))
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
     if B * T * H == 0 or NT == 0:
         return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
@@ -84,8 +83,8 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     # dummy, and USE_G / IS_VARLEN tell the kernel not to read it.
     dummy = jnp.zeros((1,), jnp.int32)
     g_arg = dummy if g is None else g
-    cu_arg = cu_seqlens.astype(jnp.int32) if is_varlen else dummy
-    ci_arg = chunk_indices.astype(jnp.int32) if is_varlen else dummy
+    cu_arg = cu_seqlens if is_varlen else dummy
+    ci_arg = chunk_indices if is_varlen else dummy
     flags = dict(USE_G=g is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision())
     grid = (NT, H, B)  # chunks, value heads, batch rows
 

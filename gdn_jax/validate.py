@@ -3,7 +3,7 @@ got and what it needs.
 
 Checks on values (``cu_seqlens`` starting at 0, non-decreasing, ending at
 ``T``) run only where ``cu_seqlens`` is concrete. Under ``jax.jit`` a traced
-``cu_seqlens`` cannot raise; see :func:`gdn_jax.check_cu_seqlens`.
+``cu_seqlens`` cannot raise; :func:`checkify_cu_seqlens` checks it in the graph.
 """
 from __future__ import annotations
 
@@ -236,3 +236,30 @@ def check_gdn_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens,
                      "N = len(cu_seqlens) - 1 sequences" if cu_seqlens is not None
                      else "N = B sequences")
     return GdnDims(B, T, Hg, H, K, V, N)
+
+
+def checkify_cu_seqlens(cu_seqlens, T: int) -> None:
+    """In-graph checks of a traced ``cu_seqlens`` ([N + 1] ints), for
+    ``jax.experimental.checkify``: ``cu[0] == 0``, non-decreasing, ``cu[-1] == T``.
+
+    ``fwd_intra`` cannot raise on the values of a traced ``cu_seqlens``. To
+    check them, call this inside the function you transform::
+
+        from jax.experimental import checkify
+
+        def f(k, v, g, beta, cu):
+            gdn_jax.checkify_cu_seqlens(cu, k.shape[1])
+            return gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu)
+
+        err, out = jax.jit(checkify.checkify(f))(k, v, g, beta, cu)
+        err.throw()  # raises checkify.JaxRuntimeError naming the failed check
+    """
+    from jax.experimental import checkify
+
+    cu = jnp.asarray(cu_seqlens)
+    checkify.check(cu[0] == 0, "cu_seqlens[0] must be 0, got {}", cu[0])
+    steps = cu[1:] - cu[:-1]
+    checkify.check(jnp.all(steps >= 0),
+                   "cu_seqlens must be non-decreasing; first decrease after index {}",
+                   jnp.argmax(steps < 0))
+    checkify.check(cu[-1] == T, "cu_seqlens[-1] must equal T=" + str(T) + ", got {}", cu[-1])

@@ -1,5 +1,6 @@
 """The public API: shapes, dtypes, jit, concrete and traced cu_seqlens, g=None,
 GQA, impl selection and every bad-input error."""
+import re
 import subprocess
 import sys
 
@@ -150,3 +151,35 @@ def test_float64_rejected_on_triton_path():
 
     with pytest.raises(TypeError, match="`k` in bfloat16, float16 or float32, got float64"):
         check_kernel_dtypes("fwd_intra", k=np.ones((1, 2, 1, 16)))
+
+
+def test_numpy_cu_seqlens_under_jit():
+    cu = np.array([0, 4, 4, 20], np.int32)
+    k, v, g, beta = make_inputs(9, 1, 20, 1, 2, 16, 8, cu_seqlens=list(cu))
+    jitted = jax.jit(lambda *a: gdn_jax.fwd_intra(*a, cu_seqlens=cu))(k, v, g, beta)
+    eager = gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu)
+    for a, b in zip(jitted, eager):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cu,message", [
+    ([0, 5, 20], None),
+    ([1, 5, 20], "cu_seqlens[0] must be 0, got 1"),
+    ([0, 12, 5, 20], "non-decreasing; first decrease after index 1"),
+    ([0, 5, 19], "cu_seqlens[-1] must equal T=20, got 19"),
+])
+def test_checkify_traced_cu_seqlens(cu, message):
+    from jax.experimental import checkify
+
+    k, v, g, beta = make_inputs(10, 1, 20, 1, 2, 16, 8)
+
+    def f(k, v, g, beta, cu):
+        gdn_jax.checkify_cu_seqlens(cu, k.shape[1])
+        return gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu)
+
+    err, _ = jax.jit(checkify.checkify(f))(k, v, g, beta, jnp.asarray(cu, jnp.int32))
+    if message is None:
+        err.throw()
+    else:
+        with pytest.raises(checkify.JaxRuntimeError, match=re.escape(message)):
+            err.throw()

@@ -67,3 +67,36 @@ def test_varlen_equals_each_sequence_alone():
         alone = fwd_intra_reference(k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e])
         for p, a in zip(packed, alone):
             np.testing.assert_allclose(p[:, s:e], a, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_nan_isolation(poison):
+    """A NaN or Inf in one sequence (or batch row) leaves every other one bit-identical."""
+    cu = [0, 70, 200, 333]
+    k, v, g, beta = make_inputs(11, 1, 333, 2, 4, 16, 16, cu_seqlens=cu)
+    cu = jnp.asarray(cu, jnp.int32)
+    clean = fwd_intra_reference(k, v, g, beta, cu_seqlens=cu)
+    dirty = fwd_intra_reference(k.at[0, 100, 1, 3].set(poison), v.at[0, 150, 2, 0].set(poison),
+                                g.at[0, 120, 0].set(poison), beta.at[0, 199, 3].set(poison), cu_seqlens=cu)
+    for c, d in zip(clean, dirty):
+        for s, e in [(0, 70), (200, 333)]:
+            np.testing.assert_array_equal(c[:, s:e], d[:, s:e])
+        assert not np.isfinite(np.asarray(d[:, 70:200])).all()
+    k, v, g, beta = make_inputs(12, 3, 100, 2, 4, 16, 16)
+    clean = fwd_intra_reference(k, v, g, beta)
+    dirty = fwd_intra_reference(k.at[1, 5, 0, 0].set(poison), v, g, beta)
+    for c, d in zip(clean, dirty):
+        np.testing.assert_array_equal(c[np.array([0, 2])], d[np.array([0, 2])])
+
+
+def test_thousand_random_sequences(record_errors):
+    rng = np.random.default_rng(13)
+    lens = rng.integers(0, 100, size=1000)
+    lens[[0, 500, 999]] = 0  # empty first, middle, last
+    lens[[1, 2, 3, 4]] = [1, 63, 64, 65]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    T = int(cu[-1])
+    k, v, g, beta = make_inputs(14, 1, T, 1, 2, 16, 16, cu_seqlens=list(cu))
+    outs = jax.jit(lambda *a, cu: fwd_intra_reference(*a, cu_seqlens=cu))(k, v, g, beta, cu=jnp.asarray(cu))
+    ref = fwd_intra_numpy(*as_f64(k, v, g, beta), cu_seqlens=cu)
+    record_errors("reference", "float32", check_against_numpy(outs, ref, "float32", 1, T, list(cu), tol=TIGHT))
