@@ -119,6 +119,25 @@ def check_chunk_indices(op: str, chunk_indices, cu_seqlens) -> None:
         )
 
 
+def _check_key_value_heads(op: str, k, v) -> tuple[int, int, int, int, int, int]:
+    """``k [B, T, Hg, K]`` and ``v [B, T, H, V]`` agree (GQA: ``H % Hg == 0``);
+    returns ``B, T, Hg, H, K, V``."""
+    B, T, Hg, K = _shape(k)
+    H, V = v.shape[2], v.shape[3]
+    if _shape(v)[:2] != (B, T):
+        raise ValueError(
+            f"{op}: `v` must have shape [B, T, H, V] with B, T = {(B, T)} as `k`, got {_shape(v)}"
+        )
+    if Hg == 0 or H % Hg:
+        raise ValueError(
+            f"{op}: the value heads H = v.shape[2] = {H} must be a multiple of the "
+            f"key heads Hg = k.shape[2] = {Hg} (GQA: value head h reads key head h // (H // Hg))"
+        )
+    if K == 0 or V == 0:
+        raise ValueError(f"{op}: head dims must be >= 1, got K = {K} (k), V = {V} (v)")
+    return B, T, Hg, H, K, V
+
+
 def check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices) -> IntraDims:
     """Checks the arguments of ``fwd_intra`` and returns its dimensions."""
     op = "fwd_intra"
@@ -134,19 +153,7 @@ def check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices) -
     _check_float(op, "beta", beta)
     if v.dtype != k.dtype:
         raise TypeError(f"{op}: `v` must have the dtype of `k` ({k.dtype}), got {v.dtype}")
-    B, T, Hg, K = _shape(k)
-    H, V = v.shape[2], v.shape[3]
-    if _shape(v)[:2] != (B, T):
-        raise ValueError(
-            f"{op}: `v` must have shape [B, T, H, V] with B, T = {(B, T)} as `k`, got {_shape(v)}"
-        )
-    if Hg == 0 or H % Hg:
-        raise ValueError(
-            f"{op}: the value heads H = v.shape[2] = {H} must be a multiple of the "
-            f"key heads Hg = k.shape[2] = {Hg} (GQA: value head h reads key head h // (H // Hg))"
-        )
-    if K == 0 or V == 0:
-        raise ValueError(f"{op}: head dims must be >= 1, got K = {K} (k), V = {V} (v)")
+    B, T, Hg, H, K, V = _check_key_value_heads(op, k, v)
     _check_shape(op, "beta", beta, (B, T, H), "[B, T, H]", "B, T of `k`, H of `v`")
     if g is not None:
         _check_rank(op, "g", g, 3, "[B, T, H]")
@@ -206,20 +213,8 @@ def check_gdn_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens,
                 raise TypeError(
                     f"{op}: `{name}` must have the dtype of `k` ({k.dtype}), got {x.dtype}"
                 )
-    B, T, Hg, K = _shape(k)
-    H, V = v.shape[2], v.shape[3]
+    B, T, Hg, H, K, V = _check_key_value_heads(op, k, v)
     _check_shape(op, "q", q, (B, T, Hg, K), "[B, T, Hg, K]", "the shape of `k`")
-    if _shape(v)[:2] != (B, T):
-        raise ValueError(
-            f"{op}: `v` must have shape [B, T, H, V] with B, T = {(B, T)} as `k`, got {_shape(v)}"
-        )
-    if Hg == 0 or H % Hg:
-        raise ValueError(
-            f"{op}: the value heads H = v.shape[2] = {H} must be a multiple of the "
-            f"key heads Hg = k.shape[2] = {Hg} (GQA: value head h reads key head h // (H // Hg))"
-        )
-    if K == 0 or V == 0:
-        raise ValueError(f"{op}: head dims must be >= 1, got K = {K} (k), V = {V} (v)")
     _check_shape(op, "g", g, (B, T, H), "[B, T, H]", "B, T of `k`, H of `v`")
     _check_shape(op, "beta", beta, (B, T, H), "[B, T, H]", "B, T of `k`, H of `v`")
     if scale is not None and jnp.ndim(scale) != 0:
