@@ -9,10 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .reference import compute_dtype
+from .precision import HIGHEST, compute_dtype
 from .validate import check_gdn_args
-
-HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _as_array(x):

@@ -1,4 +1,6 @@
-"""Plain-jnp reference of the GDN intra-chunk forward (``fwd_intra``).
+"""Plain-jnp references: the GDN intra-chunk forward (:func:`fwd_intra_reference`)
+and, re-exported from ``naive_recurrent.py``, the per-token recurrence
+(:func:`naive_recurrent_gated_delta_rule`).
 
 Float32 math (float64 where the inputs are float64 and x64 is on), fixed
 length and packed varlen, traced ``cu_seqlens`` included. It is the CPU
@@ -12,9 +14,10 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
 from .chunk_indices import cdiv, varlen_work_list
+from .naive_recurrent import naive_recurrent_gated_delta_rule
+from .precision import HIGHEST, compute_dtype
 from .validate import check_fwd_intra_args
 
-HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def safe_exp(x: jax.Array) -> jax.Array:
@@ -59,10 +62,6 @@ def chunk_wy(kk, v, g, beta, valid):
     u = jnp.einsum("...hij,...jhv->...ihv", A, beta[..., None] * v, precision=HIGHEST)
     w = jnp.einsum("...hij,...jhk->...ihk", A, kscale[..., None] * kk, precision=HIGHEST)
     return w, u, jnp.swapaxes(A, -2, -3)
-
-
-def compute_dtype(*dtypes) -> jnp.dtype:
-    return jnp.promote_types(jnp.float32, jnp.result_type(*dtypes))
 
 
 def fwd_intra_jnp(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None):
@@ -137,3 +136,6 @@ def fwd_intra_reference(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, k.shape[1], chunk_size)
     return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                          chunk_indices=chunk_indices)
+
+
+__all__ = ["fwd_intra_reference", "naive_recurrent_gated_delta_rule", "chunk_wy", "safe_exp"]
