@@ -2,14 +2,14 @@
 jax.jit, the same kernels launched from torch, the jnp reference under jax.jit,
 and the bandwidth floor (bytes that must move / measured copy bandwidth).
 
-    python benchmarks/bench_fwd_intra.py [--out DIR] [--quick] [--sweep]
+    python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants]
 
 Every column is the median over repeated timed runs after warm-up, on random
 inputs. JAX and torch are timed the same way: wall clock around N back-to-back
 calls, then a device sync, divided by N (launches queue asynchronously, so
 this is device time once a call takes longer than its dispatch); torch's
 triton.testing.do_bench (CUDA events) is reported beside it. Prints the table
-last, writes JSON (and a PNG of time against T with --sweep) under --out.
+last, writes JSON (and, with --sweep, a PNG of time against T) under --out.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 
 import gdn_jax  # noqa: E402
 
+SWEEP_T = (1024, 2048, 4096, 8192)  # --sweep: the headline shape at these T, for the chart
 SHAPES = {
     # name: (B, T, Hg, H, K, V, packed sequence lengths or None)
     "headline": (8, 4096, 16, 32, 128, 128, None),
@@ -37,7 +38,35 @@ SHAPES = {
                   [1000, 7000, 3000, 5500, 2500, 6000, 4000, 3768]),
     "B4T2048H8": (4, 2048, 8, 8, 128, 128, None),
     "K256": (2, 4096, 16, 16, 256, 256, None),
+    **{f"sweep_T{T}": (8, T, 16, 32, 128, 128, None) for T in SWEEP_T},
 }
+PATHS = {"gdn_jax_ms": "gdn_jax (jax.jit)", "torch_ms": "torch launch, same kernels",
+         "jnp_reference_ms": "jnp reference (jax.jit)", "floor_ms": "bandwidth floor"}
+
+
+def plot_sweep(rows, path):
+    """PNG of time against T (headline B, heads and dims) for every path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = sorted((r for r in rows if r["shape"].startswith("sweep_T")), key=lambda r: r["T"])
+    if not sweep:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in PATHS.items():
+        pts = [(r["T"], r[key]) for r in sweep if key in r]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label, linestyle="--" if key == "floor_ms" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("T (B=8, Hg=16, H=32, K=V=128, bf16)")
+    ax.set_ylabel("median ms")
+    ax.set_title("fwd_intra")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def wall_median(fn, sync, n_inner=20, reps=7, warmup=3):
@@ -185,7 +214,8 @@ def print_table(rows, bw):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
-    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--shapes", default=",".join(n for n in SHAPES if not n.startswith("sweep_")))
+    p.add_argument("--sweep", action="store_true", help=f"also time T in {SWEEP_T} and draw a PNG")
     p.add_argument("--no-reference", action="store_true")
     p.add_argument("--variants", action="store_true",
                    help="also time kernel variants with one change undone (headline shape)")
@@ -205,13 +235,15 @@ def main():
     except ImportError:
         pass
     rows = []
-    for name in args.shapes.split(","):
+    names = args.shapes.split(",") + ([f"sweep_T{T}" for T in SWEEP_T] if args.sweep else [])
+    for name in names:
         rows.append(bench_shape(name, *SHAPES[name], bw, with_torch, not args.no_reference,
                                 args.variants and name == "headline"))
         print(json.dumps(rows[-1]), flush=True)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_fwd_intra.json").write_text(json.dumps(dict(versions=versions, copy_bw=bw, rows=rows), indent=1))
+    plot_sweep(rows, out / "bench_fwd_intra.png")
     print(versions)
     print_table(rows, bw)
 
