@@ -20,6 +20,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from gdn_jax.backend import cuda_available, resolve_impl
 from gdn_jax.chunk import chunk_gated_delta_rule
@@ -28,6 +30,13 @@ from gdn_jax.chunk import chunk_gated_delta_rule
 def l2_normalize(x, eps=1e-6):
     x = x.astype(jnp.float32)
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def split_heads(x, mesh, axis):
+    """``x [B, T, heads, ...]`` constrained to split its heads over ``axis``
+    of ``mesh``; the batch dim keeps whatever sharding XLA gives it."""
+    spec = P(P.UNCONSTRAINED, None, axis, *(None,) * (x.ndim - 3))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 class GatedDeltaNet(nnx.Module):
@@ -42,14 +51,19 @@ class GatedDeltaNet(nnx.Module):
       dtype: compute dtype of projections and of q, k, v fed to the kernel
         (parameters stay float32; gates, norms in float32).
       impl: ``fwd_intra`` implementation: ``"auto"``, ``"triton"`` or ``"reference"``.
+      heads_over: ``(mesh, axis)`` for tensor parallelism: q, k, v, g, beta
+        are split over their heads on that mesh axis (``qk_heads`` divisible by
+        its size), so each device runs the GDN forward on its heads; None
+        leaves their sharding to XLA (data parallel: shard ``x`` over batch).
     """
 
     def __init__(self, hidden: int, qk_heads: int, v_heads: int, head_dim: int, *,
-                 conv_size: int = 4, dtype=jnp.float32, impl: str = "auto", rngs: nnx.Rngs):
+                 conv_size: int = 4, dtype=jnp.float32, impl: str = "auto", heads_over=None,
+                 rngs: nnx.Rngs):
         if v_heads % qk_heads:
             raise ValueError(f"v_heads={v_heads} must be a multiple of qk_heads={qk_heads}")
         self.qk_heads, self.v_heads, self.head_dim = qk_heads, v_heads, head_dim
-        self.dtype, self.impl = dtype, impl
+        self.dtype, self.impl, self.heads_over = dtype, impl, heads_over
         key_dim, value_dim = qk_heads * head_dim, v_heads * head_dim
         linear = partial(nnx.Linear, use_bias=False, dtype=dtype, rngs=rngs)
         self.q_proj = linear(hidden, key_dim)
@@ -81,6 +95,8 @@ class GatedDeltaNet(nnx.Module):
         beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
         g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(
             self.a_proj(x).astype(jnp.float32) + self.dt_bias[...])
+        if self.heads_over is not None:
+            q, k, v, g, beta = (split_heads(t, *self.heads_over) for t in (q, k, v, g, beta))
         o, _ = chunk_gated_delta_rule(q, k, v, g, beta, impl=self.impl)
         z = self.z_proj(x).reshape(B, T, H, D).astype(jnp.float32)
         o = self.norm(o.astype(jnp.float32)) * jax.nn.silu(z)

@@ -27,33 +27,64 @@ by summing the same decayed outer products.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from .chunk_indices import cdiv, varlen_work_list
 from .intra import fwd_intra
 from .naive_recurrent import prepare_gdn_args, repeat_heads
-from .reference import compute_dtype
+from .precision import HIGHEST, compute_dtype
+from .sharding import call_with_auto_axes
 from .validate import check_impl
 
-HIGHEST = jax.lax.Precision.HIGHEST
 BT = 64
 
 
-def _chunk_starts(B, T, cu_seqlens, chunk_indices):
-    """Chunks as ``[L, M]`` grids of (start, end, sequence) in flattened ``B * T`` positions.
+def _chunk_layout(B, T, cu_seqlens, chunk_indices):
+    """Chunks as ``[L, M, BT]`` grids: ``(gather, scatter, valid, seq)``.
 
-    Fixed length: ``L = cdiv(T, 64)`` steps of ``M = B`` lanes (one sequence per
-    lane, advanced together). Packed: ``L = len(chunk_indices)`` steps of one
-    lane; padding rows of :func:`chunk_indices_in_graph` get ``start >= end``.
+    Fixed length: ``L = cdiv(T, 64)`` steps of ``M = B`` lanes (one sequence
+    per lane, advanced together); ``gather`` pads ``T`` and reshapes, so the
+    batch and head dims are never mixed with ``T`` (a sharding over them
+    stays); ``seq`` is None (lane ``m`` is state ``m``). Packed:
+    ``L = len(chunk_indices)`` steps of one lane, rows gathered by index;
+    ``seq [L, 1]`` is each chunk's sequence, and padding rows of
+    :func:`chunk_indices_in_graph` have no valid row.
+
+    ``gather``: ``[B, T, ...] -> [L, M, BT, ...]``, rows outside the chunk 0.
+    ``scatter``: the inverse, ``[L, M, BT, ...] -> [B, T, ...]``.
     """
     if cu_seqlens is None:
-        lane = jnp.arange(B, dtype=jnp.int32)[None, :]
-        start = lane * T + jnp.arange(cdiv(T, BT), dtype=jnp.int32)[:, None] * BT
-        end = jnp.broadcast_to(lane * T + T, start.shape)
-        return start, end, jnp.broadcast_to(lane, start.shape)
+        NT = cdiv(T, BT)
+        valid = jnp.broadcast_to((jnp.arange(NT * BT) < T).reshape(NT, 1, BT), (NT, B, BT))
+
+        def gather(x):
+            x = jnp.pad(x, [(0, 0), (0, NT * BT - T)] + [(0, 0)] * (x.ndim - 2))
+            return jnp.swapaxes(x.reshape(B, NT, BT, *x.shape[2:]), 0, 1)
+
+        def scatter(y):
+            return jnp.swapaxes(y, 0, 1).reshape(B, NT * BT, *y.shape[3:])[:, :T]
+
+        return gather, scatter, valid, None
+
     seq, c = chunk_indices[:, 0], chunk_indices[:, 1]
-    return (cu_seqlens[seq] + c * BT)[:, None], cu_seqlens[seq + 1][:, None], seq[:, None]
+    pos = (cu_seqlens[seq] + c * BT)[:, None, None] + jnp.arange(BT, dtype=jnp.int32)  # [L, 1, BT]
+    valid = pos < cu_seqlens[seq + 1][:, None, None]
+    src = jnp.where(valid, pos, 0)
+    dst = jnp.where(valid, pos, T).reshape(-1)  # rows of no chunk are dropped
+
+    def gather(x):
+        y = x[0][src]
+        return jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - 3)), y, 0)
+
+    def scatter(y):
+        flat = jnp.zeros((T, *y.shape[3:]), y.dtype)
+        return flat.at[dst].set(y.reshape(-1, *y.shape[3:]), mode="drop")[None]
+
+    return gather, scatter, valid, seq[:, None]
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
@@ -82,11 +113,30 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
       ``(o, final_state)``: ``o [B, T, H, V]`` in v's dtype; ``final_state
       [N, H, K, V]`` float32 (an empty sequence keeps its initial state), or
       None unless ``output_final_state``.
+
+    Under ``jax.jit``, inputs sharded over batch and/or heads stay sharded:
+    every step is per batch row and head, and ``fwd_intra`` is partitioned
+    (:mod:`gdn_jax.sharding`); ``o`` and ``final_state`` come out split the same way.
     """
     op = "chunk_gated_delta_rule"
     check_impl(op, impl)
     q, k, v, g, beta, initial_state, cu_seqlens, dims, scale = prepare_gdn_args(
         op, q, k, v, g, beta, scale, initial_state, cu_seqlens, same_dtype=True)
+    # Arrays go through call_with_auto_axes; a NumPy cu_seqlens stays a constant (exact chunk list).
+    cu_array = cu_seqlens if isinstance(cu_seqlens, jax.Array) else None
+    forward = functools.partial(_forward, dims=dims, scale=scale, impl=impl,
+                                output_final_state=output_final_state,
+                                cu_const=None if cu_array is not None else cu_seqlens)
+    return call_with_auto_axes(  # sharded over batch / heads as o [B, T, H, V], state [N, H, K, V]
+        forward, (q, k, v, g, beta, initial_state, cu_array), k, v, cu_seqlens is not None,
+        lambda b, h: (P(b, None, h, None), P(b, h, None, None) if output_final_state else None))
+
+
+def _forward(q, k, v, g, beta, initial_state, cu_seqlens, *, dims, scale, output_final_state,
+             impl, cu_const):
+    """:func:`chunk_gated_delta_rule` on checked arguments (``cu_const``: a
+    NumPy ``cu_seqlens``, passed apart)."""
+    cu_seqlens = cu_const if cu_seqlens is None else cu_seqlens
     B, T, Hg, H, K, V, N = dims
     ct = compute_dtype(q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype)
     states = jnp.zeros((N, H, K, V), ct) if initial_state is None else initial_state.astype(ct)
@@ -94,20 +144,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
         return jnp.zeros((B, T, H, V), v.dtype), (states if output_final_state else None)
 
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, None, T, BT)
-    start, end, seq = _chunk_starts(B, T, cu_seqlens, chunk_indices)
-    pos = start[..., None] + jnp.arange(BT, dtype=jnp.int32)  # [L, M, BT]
-    valid = pos < end[..., None]
-    src = jnp.where(valid, pos, 0)
-    dst = jnp.where(valid, pos, B * T).reshape(-1)  # rows of no chunk are dropped
+    chunks, unchunk, valid, seq = _chunk_layout(B, T, cu_seqlens, chunk_indices)
 
-    def gather(x):  # [B, T, ...] -> [L, M, BT, ...] in ct; rows outside the chunk are 0
-        y = x.reshape(B * T, *x.shape[2:])[src].astype(ct)
-        return jnp.where(valid.reshape(valid.shape + (1,) * (y.ndim - 3)), y, 0)
+    def gather(x):  # [B, T, ...] -> [L, M, BT, ...] in ct
+        return chunks(x.astype(ct))
 
     def scatter(y, dtype):  # [L, M, BT, ...] -> [B, T, ...]
-        flat = jnp.zeros((B * T, *y.shape[3:]), dtype)
-        flat = flat.at[dst].set(y.reshape(-1, *y.shape[3:]).astype(dtype), mode="drop")
-        return flat.reshape(B, T, *y.shape[3:])
+        return unchunk(y.astype(dtype))
 
     gc = jnp.cumsum(gather(g), axis=2)  # [L, M, BT, H], chunk-local
     w, u, _ = fwd_intra(k, v, scatter(gc, ct), beta, cu_seqlens=cu_seqlens,
@@ -118,13 +161,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
 
     def step(states, x):
         kk_c, w_c, u_c, gc_c, gl_c, s, live = x  # lanes M: [M, BT, H, .], [M, H], [M]
-        S = states[s]  # [M, H, K, V], the states entering these chunks
+        S = states if s is None else states[s]  # [M, H, K, V], the states entering these chunks
         v_new = u_c - jnp.einsum("mihk,mhkv->mihv", w_c, S, precision=HIGHEST)
         kd = kk_c * jnp.exp(gl_c[:, None] - gc_c)[..., None]
         S_next = jnp.exp(gl_c)[..., None, None] * S + jnp.einsum(
             "mihk,mihv->mhkv", kd, v_new, precision=HIGHEST)
         S_next = jnp.where(live[:, None, None, None], S_next, S)  # padding chunks: unchanged
-        return states.at[s].set(S_next), (S, v_new)
+        return (S_next if s is None else states.at[s].set(S_next)), (S, v_new)
 
     states, (S_in, v_new) = jax.lax.scan(
         step, states, (kk, gather(w), gather(u), gc, gl, seq, valid[..., 0]))

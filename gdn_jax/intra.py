@@ -5,8 +5,7 @@ import jax.numpy as jnp
 
 from .backend import resolve_impl
 from .chunk_indices import varlen_work_list
-from .reference import fwd_intra_jnp
-from .triton_launch import fwd_intra_triton
+from .sharding import fwd_intra_sharded
 from .validate import check_fwd_intra_args, check_impl
 
 
@@ -47,12 +46,14 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
       ``(w, u, A)``: ``w [B, T, H, K]`` in k's dtype, ``u [B, T, H, V]`` in v's
       dtype, ``A [B, T, H, 64]`` in k's dtype, where row ``c0 + i`` holds
       ``A[i, :n]`` of its chunk and zeros after.
+
+    Sharded inputs (under ``jax.jit``) stay sharded over batch and heads: each
+    device runs the kernels on its block (:mod:`gdn_jax.sharding`).
     """
     check_impl("fwd_intra", impl)
     k, v, g, beta, cu_seqlens, chunk_indices = map(
         _as_array, (k, v, g, beta, cu_seqlens, chunk_indices))
     check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, k.shape[1], chunk_size)
-    run = fwd_intra_triton if resolve_impl("fwd_intra", impl) == "triton" else fwd_intra_jnp
-    return run(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-               chunk_indices=chunk_indices)
+    return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+                             chunk_indices=chunk_indices, impl=resolve_impl("fwd_intra", impl))

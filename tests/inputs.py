@@ -42,3 +42,12 @@ def make_inputs(seed, B, T, Hg, H, K, V, dtype="float32", use_g=True, cu_seqlens
 def as_f64(*xs):
     """Upcast jax arrays (any float dtype, bf16 included) to float64 NumPy; None stays."""
     return [None if x is None else np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in xs]
+
+
+def many_sequences(seed, n=1000, max_len=130):
+    """``cu_seqlens`` (int32 NumPy) of ``n`` random lengths in [0, max_len), with
+    empty sequences first, in the middle and last, and lengths 1, 63, 64, 65."""
+    lens = np.random.default_rng(seed).integers(0, max_len, size=n)
+    lens[[0, n // 2, n - 1]] = 0
+    lens[[1, 2, 3, 4]] = [1, 63, 64, 65]
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)

@@ -9,7 +9,7 @@ import pytest
 
 import gdn_jax
 from gdn_jax.backend import cuda_available
-from inputs import as_f64, make_inputs
+from inputs import as_f64, make_inputs, many_sequences
 from isolation import check_nan_isolation
 from numpy_reference import check_against_numpy, fwd_intra_numpy
 
@@ -113,11 +113,7 @@ def test_deterministic_across_calls_and_autotuning():
 
 
 def test_thousand_random_sequences(record_errors):
-    rng = np.random.default_rng(4)
-    lens = rng.integers(0, 130, size=1000)
-    lens[[0, 500, 999]] = 0  # empty first, middle, last
-    lens[[1, 2, 3, 4]] = [1, 63, 64, 65]
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cu = many_sequences(4, max_len=130)
     T = int(cu[-1])
     k, v, g, beta = make_inputs(5, 1, T, 1, 2, 64, 64, "bfloat16", cu_seqlens=list(cu))
     outs = fwd(k, v, g, beta, jnp.asarray(cu))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gdn_jax.reference import fwd_intra_reference
-from inputs import as_f64, make_inputs
+from inputs import as_f64, make_inputs, many_sequences
 from isolation import check_nan_isolation
 from numpy_reference import check_against_numpy, fwd_intra_numpy
 
@@ -76,11 +76,7 @@ def test_nan_isolation(poison):
 
 
 def test_thousand_random_sequences(record_errors):
-    rng = np.random.default_rng(13)
-    lens = rng.integers(0, 100, size=1000)
-    lens[[0, 500, 999]] = 0  # empty first, middle, last
-    lens[[1, 2, 3, 4]] = [1, 63, 64, 65]
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    cu = many_sequences(13, max_len=100)
     T = int(cu[-1])
     k, v, g, beta = make_inputs(14, 1, T, 1, 2, 16, 16, cu_seqlens=list(cu))
     outs = jax.jit(lambda *a, cu: fwd_intra_reference(*a, cu_seqlens=cu))(k, v, g, beta, cu=jnp.asarray(cu))
