@@ -145,9 +145,6 @@ def kernel_variant(name):
 
 
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants):
-    import torch
-    import triton.testing
-
     k, v, g, beta = make_inputs(B, T, Hg, H, K, V)
     cu = None if lens is None else jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     row = dict(shape=name, B=B, T=T, Hg=Hg, H=H, K=K, V=V, packed=lens is not None)
@@ -165,6 +162,9 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     if with_reference:
         row["jnp_reference_ms"] = jax_time("reference")
     if with_torch:
+        import torch
+        import triton.testing
+
         from gdn_jax.torch_launch import fwd_intra_torch
 
         # jax-triton 0.3.1 sets TRITON_CACHE_DIR="" on import, which breaks
@@ -220,11 +220,7 @@ def main():
     p.add_argument("--variants", action="store_true",
                    help="also time kernel variants with one change undone (headline shape)")
     args = p.parse_args()
-    try:
-        import torch  # noqa: F401
-        with_torch = True
-    except ImportError:
-        with_torch = False
+    with_torch = importlib.util.find_spec("torch") is not None
     bw = copy_bandwidth() if with_torch else 4.19e12
     versions = dict(jax=jax.__version__, device=jax.devices()[0].device_kind)
     try:

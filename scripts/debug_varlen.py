@@ -5,7 +5,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import gdn_jax
 
