@@ -1,16 +1,10 @@
 """``fwd_intra``: the public GDN intra-chunk forward (checks, then dispatch)."""
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from .backend import resolve_impl
 from .chunk_indices import varlen_work_list
 from .sharding import fwd_intra_sharded
-from .validate import check_fwd_intra_args, check_impl
-
-
-def _as_array(x):
-    return x if x is None or hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+from .validate import as_array, check_fwd_intra_args, check_impl
 
 
 def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
@@ -52,7 +46,7 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
     """
     check_impl("fwd_intra", impl)
     k, v, g, beta, cu_seqlens, chunk_indices = map(
-        _as_array, (k, v, g, beta, cu_seqlens, chunk_indices))
+        as_array, (k, v, g, beta, cu_seqlens, chunk_indices))
     check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, k.shape[1], chunk_size)
     return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,

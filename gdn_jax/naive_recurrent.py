@@ -10,11 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .precision import HIGHEST, compute_dtype
-from .validate import check_gdn_args
-
-
-def _as_array(x):
-    return x if x is None or hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
+from .validate import as_array, check_gdn_args
 
 
 def prepare_gdn_args(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, *, same_dtype):
@@ -25,7 +21,7 @@ def prepare_gdn_args(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, *, 
     ``K ** -0.5``.
     """
     q, k, v, g, beta, initial_state, cu_seqlens = map(
-        _as_array, (q, k, v, g, beta, initial_state, cu_seqlens))
+        as_array, (q, k, v, g, beta, initial_state, cu_seqlens))
     dims = check_gdn_args(op, q, k, v, g, beta, scale, initial_state, cu_seqlens,
                           same_dtype=same_dtype)
     if scale is None:

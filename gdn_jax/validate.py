@@ -18,13 +18,9 @@ KERNEL_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.
 IMPLS = ("auto", "triton", "reference")
 
 
-class IntraDims(NamedTuple):
-    B: int
-    T: int
-    Hg: int
-    H: int
-    K: int
-    V: int
+def as_array(x):
+    """Array-likes (lists, scalars) as jax arrays; arrays (NumPy or jax) and None as they are."""
+    return x if x is None or hasattr(x, "ndim") and hasattr(x, "dtype") else jnp.asarray(x)
 
 
 def is_traced(x) -> bool:
@@ -138,8 +134,8 @@ def _check_key_value_heads(op: str, k, v) -> tuple[int, int, int, int, int, int]
     return B, T, Hg, H, K, V
 
 
-def check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices) -> IntraDims:
-    """Checks the arguments of ``fwd_intra`` and returns its dimensions."""
+def check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices) -> None:
+    """Checks the arguments of ``fwd_intra``."""
     op = "fwd_intra"
     if beta is None:
         raise TypeError(
@@ -164,7 +160,6 @@ def check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices) -
         check_cu_seqlens(op, cu_seqlens, B, T)
     if chunk_indices is not None:
         check_chunk_indices(op, chunk_indices, cu_seqlens)
-    return IntraDims(B, T, Hg, H, K, V)
 
 
 def check_kernel_dtypes(op: str, **arrays) -> None:

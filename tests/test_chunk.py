@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_naive_recurrent import gdn_numpy, make_inputs, rel
+from numpy_reference import rel_err as rel
+from test_naive_recurrent import gdn_numpy, make_inputs
 
 from gdn_jax.backend import cuda_available
 from gdn_jax.chunk import chunk_gated_delta_rule

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gdn_jax.naive_recurrent import naive_recurrent_gated_delta_rule
+from numpy_reference import rel_err as rel
 
 naive_jit = jax.jit(naive_recurrent_gated_delta_rule, static_argnames=("output_final_state",))
 
@@ -43,11 +44,6 @@ def make_inputs(rng, B, T, Hg, H, K, V, dtype=np.float32):
     g = -0.1 * np.logaddexp(0.0, rng.standard_normal((B, T, H)))
     beta = 1.0 / (1.0 + np.exp(-rng.standard_normal((B, T, H))))
     return tuple(x.astype(dtype) for x in (q, k, v)) + (g.astype(np.float32), beta.astype(np.float32))
-
-
-def rel(out, ref):
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
 @pytest.mark.parametrize("Hg,H,with_h0", [(2, 2, False), (2, 4, True)])
