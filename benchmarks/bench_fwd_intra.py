@@ -1,6 +1,7 @@
-"""Benchmark of fwd_intra on the GPU machine: the gdn_jax Triton path under
-jax.jit, the same kernels launched from torch, the jnp reference under jax.jit,
-and the bandwidth floor (bytes that must move / measured copy bandwidth).
+"""Benchmark of fwd_intra on the GPU machine: the gdn_jax Triton paths under
+jax.jit (the one-kernel path ``impl="triton"`` and the seed's two kernels
+``impl="seed"``), the same kernels launched from torch, the jnp reference under
+jax.jit, and the bandwidth floor (bytes that must move / measured copy bandwidth).
 
     python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants]
 
@@ -40,7 +41,8 @@ SHAPES = {
     "K256": (2, 4096, 16, 16, 256, 256, None),
     **{f"sweep_T{T}": (8, T, 16, 32, 128, 128, None) for T in SWEEP_T},
 }
-PATHS = {"gdn_jax_ms": "gdn_jax (jax.jit)", "torch_ms": "torch launch, same kernels",
+PATHS = {"fused_ms": "gdn_jax one-kernel (jax.jit)", "seed_ms": "gdn_jax seed kernels (jax.jit)",
+         "torch_seed_ms": "seed kernels, torch launch",
          "jnp_reference_ms": "jnp reference (jax.jit)", "floor_ms": "bandwidth floor"}
 
 
@@ -144,7 +146,8 @@ def kernel_variant(name):
     return mod.chunk_gated_delta_rule_fwd_kkt_solve_kernel
 
 
-def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants):
+def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants,
+                with_jax=True):
     k, v, g, beta = make_inputs(B, T, Hg, H, K, V)
     cu = None if lens is None else jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     row = dict(shape=name, B=B, T=T, Hg=Hg, H=H, K=K, V=V, packed=lens is not None)
@@ -158,13 +161,16 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
 
         return wall_median(call, lambda: jax.block_until_ready(out[0]))
 
-    row["gdn_jax_ms"] = jax_time("triton")
+    if with_jax:
+        row["fused_ms"] = jax_time("triton")
+        row["seed_ms"] = jax_time("seed")
     if with_reference:
         row["jnp_reference_ms"] = jax_time("reference")
     if with_torch:
         import torch
         import triton.testing
 
+        from gdn_jax.kernels.fused_intra import gdn_fwd_intra_fused_kernel
         from gdn_jax.torch_launch import fwd_intra_torch
 
         # jax-triton 0.3.1 sets TRITON_CACHE_DIR="" on import, which breaks
@@ -176,39 +182,53 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         tcu = None if cu is None else torch.from_dlpack(cu)
         ci = None if cu is None else torch.from_dlpack(gdn_jax.prepare_chunk_indices(cu))
 
-        def tcall(kernel=None):
-            kw = {} if kernel is None else dict(kkt_kernel=kernel)
+        def tcall(**kw):
             return lambda: fwd_intra_torch(tk, tv, tg, tb, cu_seqlens=tcu, chunk_indices=ci, **kw)
 
-        row["torch_ms"] = wall_median(tcall(), torch.cuda.synchronize)
-        row["torch_do_bench_ms"] = triton.testing.do_bench(tcall(), warmup=50, rep=300,
-                                                           return_mode="median")
+        def do_bench(**kw):
+            return triton.testing.do_bench(tcall(**kw), warmup=50, rep=300, return_mode="median")
+
+        for path in ("seed", "fused"):
+            row[f"torch_{path}_ms"] = wall_median(tcall(path=path), torch.cuda.synchronize)
+            row[f"torch_{path}_do_bench_ms"] = do_bench(path=path)
+        row["fused_config"] = str(gdn_fwd_intra_fused_kernel.best_config)
         if variants:
-            bench = lambda kernel=None: triton.testing.do_bench(  # noqa: E731
-                tcall(kernel), warmup=50, rep=300, return_mode="median")
             for name in VARIANTS:
-                row[f"torch_{name}_do_bench_ms"] = bench(kernel_variant(name))
-            row["torch_do_bench_again_ms"] = bench()
+                row[f"torch_{name}_do_bench_ms"] = do_bench(path="seed", kkt_kernel=kernel_variant(name))
+            row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
-    if "torch_ms" in row:
-        row["jax_over_torch"] = row["gdn_jax_ms"] / row["torch_ms"]
-    row["jax_over_floor"] = row["gdn_jax_ms"] / row["floor_ms"]
+    for path in ("seed", "fused"):
+        if f"torch_{path}_ms" in row and f"{path}_ms" in row:
+            row[f"{path}_jax_over_torch"] = row[f"{path}_ms"] / row[f"torch_{path}_ms"]
+    if with_jax:
+        row["fused_over_floor"] = row["fused_ms"] / row["floor_ms"]
+        row["fused_over_seed"] = row["fused_ms"] / row["seed_ms"]
     return row
 
 
+TABLE = [  # (column, header)
+    ("shape", "shape"), ("fused_ms", "one-kernel"), ("seed_ms", "seed"),
+    ("torch_fused_ms", "torch one-kernel"), ("torch_seed_ms", "torch seed"),
+    ("jnp_reference_ms", "jnp ref"), ("floor_ms", "floor"),
+    ("fused_jax_over_torch", "1k jax/torch"), ("seed_jax_over_torch", "seed jax/torch"),
+    ("fused_over_floor", "1k/floor"), ("fused_over_seed", "1k/seed"),
+]
+
+
 def print_table(rows, bw):
-    cols = ["shape", "gdn_jax_ms", "torch_ms", "torch_do_bench_ms", "jnp_reference_ms", "floor_ms",
-            "jax_over_torch", "jax_over_floor"]
+    """Markdown table of the rows (ms and ratios), the last thing printed."""
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s; {jax.devices()[0].device_kind}; jax {jax.__version__}")
-    print(" | ".join(f"{c:>17s}" for c in cols))
     for r in rows:
-        print(" | ".join(f"{r[c]:>17.3f}" if isinstance(r.get(c), float) else f"{str(r.get(c, '-')):>17s}"
-                         for c in cols))
+        if "torch_seed_do_bench_again_ms" in r:
+            print(f"{r['shape']} variants, torch do_bench median ms: seed as shipped "
+                  f"{r['torch_seed_do_bench_ms']:.4f} (again {r['torch_seed_do_bench_again_ms']:.4f}); "
+                  + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS)
+                  + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}")
+    print("| " + " | ".join(h for _, h in TABLE) + " |")
+    print("|" + " --- |" * len(TABLE))
     for r in rows:
-        if "torch_do_bench_again_ms" in r:
-            print(f"{r['shape']} kkt_solve variants, torch do_bench median ms: as shipped "
-                  f"{r['torch_do_bench_ms']:.4f} (again {r['torch_do_bench_again_ms']:.4f}); "
-                  + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS))
+        print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
+                                for c, _ in TABLE) + " |")
 
 
 def main():
@@ -217,6 +237,8 @@ def main():
     p.add_argument("--shapes", default=",".join(n for n in SHAPES if not n.startswith("sweep_")))
     p.add_argument("--sweep", action="store_true", help=f"also time T in {SWEEP_T} and draw a PNG")
     p.add_argument("--no-reference", action="store_true")
+    p.add_argument("--torch-only", action="store_true",
+                   help="time the torch launches only (quick kernel comparisons)")
     p.add_argument("--variants", action="store_true",
                    help="also time kernel variants with one change undone (headline shape)")
     args = p.parse_args()
@@ -233,8 +255,9 @@ def main():
     rows = []
     names = args.shapes.split(",") + ([f"sweep_T{T}" for T in SWEEP_T] if args.sweep else [])
     for name in names:
-        rows.append(bench_shape(name, *SHAPES[name], bw, with_torch, not args.no_reference,
-                                args.variants and name == "headline"))
+        rows.append(bench_shape(name, *SHAPES[name], bw, with_torch,
+                                not (args.no_reference or args.torch_only),
+                                args.variants and name == "headline", not args.torch_only))
         print(json.dumps(rows[-1]), flush=True)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

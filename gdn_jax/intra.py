@@ -33,8 +33,11 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
       chunk_size: 64, the only size the fused kernel supports.
       chunk_indices: optional ``[NT, 2]`` int32 from
         :func:`gdn_jax.prepare_chunk_indices` (computed when omitted).
-      impl: ``"auto"`` (Triton on an NVIDIA GPU, else the jnp reference),
-        ``"triton"`` or ``"reference"``.
+      impl: ``"auto"`` (the fastest path here: ``"triton"`` on an NVIDIA GPU,
+        else ``"reference"``); ``"triton"``, the one-kernel Triton path
+        (``kernels/fused_intra.py``); ``"seed"``, the seed's two Triton kernels
+        (``kernels/kkt_solve.py`` then ``kernels/recompute_w_u.py``);
+        ``"reference"``, the jnp reference.
 
     Returns:
       ``(w, u, A)``: ``w [B, T, H, K]`` in k's dtype, ``u [B, T, H, V]`` in v's

@@ -42,7 +42,7 @@ from .triton_launch import fwd_intra_triton
 
 class Static(NamedTuple):
     """What the partitioned op is specialised on (its static argument)."""
-    impl: str  # "triton" or "reference"
+    impl: str  # "triton", "seed" or "reference"
     chunk_size: int
     use_g: bool  # g given
     varlen: bool  # cu_seqlens and chunk_indices given
@@ -57,8 +57,11 @@ def _per_device(static: Static, *arrays):
     g = arrays.pop(0) if static.use_g else None
     beta = arrays.pop(0)
     cu, ci = arrays if static.varlen else (None, None)
-    run = fwd_intra_triton if static.impl == "triton" else fwd_intra_jnp
-    return run(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size, chunk_indices=ci)
+    if static.impl == "reference":
+        return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
+                             chunk_indices=ci)
+    return fwd_intra_triton(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
+                            chunk_indices=ci, path="seed" if static.impl == "seed" else "fused")
 
 
 def _axes(spec, dim: int) -> tuple[str, ...]:
@@ -196,7 +199,7 @@ def fwd_intra_sharded(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_in
     """``fwd_intra`` that the SPMD partitioner splits over batch and heads.
 
     Inputs as :func:`gdn_jax.fwd_intra`, already checked, ``impl`` resolved to
-    ``"triton"`` or ``"reference"``, and with ``cu_seqlens`` both it and
+    ``"triton"``, ``"seed"`` or ``"reference"``, and with ``cu_seqlens`` both it and
     ``chunk_indices`` int32 jax arrays
     (:func:`gdn_jax.chunk_indices.varlen_work_list`). Under ``jax.jit`` with
     arrays sharded over ``B`` and/or heads, each device computes its block and

@@ -8,25 +8,29 @@ from __future__ import annotations
 import numpy as np
 
 from .chunk_indices import cdiv, prepare_chunk_indices
+from .kernels.fused_intra import gdn_fwd_intra_fused_kernel
 from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
 from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
-from .triton_launch import BC, _block
+from .triton_launch import BC, _block, fused_grid
 
 # What the autotuner would pick, for launches that bypass it (the interpreter
 # cannot run the autotuner's benchmarking).
 UNTUNED_KKT = dict(BK=64, num_warps=4)
 UNTUNED_WU = dict(num_warps=4, num_stages=2)
+UNTUNED_FUSED = dict(BK=64, num_warps=4, num_stages=2)
 
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
-                    *, autotune=True, dot_precision="tf32", kkt_kernel=kkt_solve_kernel):
-    """``fwd_intra`` on torch tensors: the fused kkt+solve kernel, then w/u.
+                    *, autotune=True, dot_precision="tf32", path="fused",
+                    kkt_kernel=kkt_solve_kernel):
+    """``fwd_intra`` on torch tensors: ``path="fused"`` the one-kernel path,
+    ``path="seed"`` the seed's fused kkt+solve kernel, then w/u.
 
     Shapes and dtypes as :func:`gdn_jax.fwd_intra`; ``cu_seqlens`` and
     ``chunk_indices`` are torch integer tensors (``chunk_indices`` computed
     from ``cu_seqlens`` when omitted). ``autotune=False`` calls the inner
     ``JITFunction`` with a fixed config, which the interpreter needs.
-    ``kkt_kernel`` replaces the fused first kernel (benchmarks of variants).
+    ``kkt_kernel`` replaces the seed path's first kernel (benchmarks of variants).
     """
     import torch
 
@@ -51,6 +55,11 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         T=T, H=H, Hg=Hg, K=K, BT=BT,
         USE_G=g is not None, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
     )
+    if path == "fused":
+        fused = gdn_fwd_intra_fused_kernel if autotune else gdn_fwd_intra_fused_kernel.fn
+        fused[fused_grid(NT, H, B)](k=k, v=v, w=w, u=u, A=A, V=V, BC=BC, BV=_block(V),
+                                    **common, **({} if autotune else UNTUNED_FUSED))
+        return w, u, A
     grid = (NT, H, B)  # chunks, value heads, batch rows
     kkt = kkt_kernel if autotune else kkt_kernel.fn
     wu = recompute_w_u_fwd_kernel if autotune else recompute_w_u_fwd_kernel.fn

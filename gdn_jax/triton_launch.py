@@ -15,7 +15,13 @@ import jax.numpy as jnp
 from .chunk_indices import cdiv
 from .validate import check_kernel_dtypes
 
-BC = 16  # sub-block rows of the fused kernel (4 x 16 = 64)
+BC = 16  # sub-block rows of the fused kernels (4 x 16 = 64)
+
+
+def fused_grid(NT: int, H: int, B: int) -> tuple[int, int]:
+    """Grid of the one-kernel path: (chunk, value head) pairs with the head
+    fastest, so GQA heads of one key head run side by side; batch rows."""
+    return (NT * H, B)
 
 
 @functools.cache
@@ -55,17 +61,17 @@ def _block(n: int) -> int:
     return max(16, min(64, 1 << (n - 1).bit_length()))
 
 
-def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None):
-    """The seed's fused kkt+solve kernel, then the w/u kernel, through jax-triton.
+def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
+                     path="fused"):
+    """``fwd_intra`` through jax-triton: ``path="fused"`` runs the one-kernel
+    path of ``kernels/fused_intra.py``; ``path="seed"`` the seed's fused
+    kkt+solve kernel, then the w/u kernel.
 
     Inputs are assumed checked (:func:`gdn_jax.validate.check_fwd_intra_args`),
     and with ``cu_seqlens`` both it and ``chunk_indices`` int32 jax arrays
     (:func:`gdn_jax.chunk_indices.varlen_work_list`); shapes and dtypes as
     :func:`gdn_jax.fwd_intra`.
     """
-    from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
-    from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
-
     check_kernel_dtypes("fwd_intra", k=k, v=v, g=g, beta=beta)
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
@@ -86,8 +92,22 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     cu_arg = cu_seqlens if is_varlen else dummy
     ci_arg = chunk_indices if is_varlen else dummy
     flags = dict(USE_G=g is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision())
-    grid = (NT, H, B)  # chunks, value heads, batch rows
 
+    if path == "fused":
+        from .kernels.fused_intra import gdn_fwd_intra_fused_kernel
+
+        return triton_call(
+            k, v, g_arg, beta, cu_arg, ci_arg, T,
+            kernel=gdn_fwd_intra_fused_kernel,
+            out=(w_type, u_type, A_type),
+            grid=fused_grid(NT, H, B),
+            H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BV=_block(V), **flags,
+        )
+
+    from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
+    from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
+
+    grid = (NT, H, B)  # chunks, value heads, batch rows
     A = triton_call(
         k, g_arg, beta, cu_arg, ci_arg, T,
         kernel=chunk_gated_delta_rule_fwd_kkt_solve_kernel,

@@ -75,8 +75,9 @@ def test_impl_selection_without_gpu():
     if gdn_jax.backend.cuda_available():
         pytest.skip("checks the behaviour without a GPU")
     k, v, g, beta = make_inputs(6, 1, 10, 1, 1, 16, 16)
-    with pytest.raises(RuntimeError, match="impl='triton' needs an NVIDIA GPU"):
-        gdn_jax.fwd_intra(k, v, g, beta, impl="triton")
+    for impl in ("triton", "seed"):
+        with pytest.raises(RuntimeError, match=f"impl='{impl}' needs an NVIDIA GPU"):
+            gdn_jax.fwd_intra(k, v, g, beta, impl=impl)
     auto = gdn_jax.fwd_intra(k, v, g, beta)
     ref = gdn_jax.fwd_intra(k, v, g, beta, impl="reference")
     for a, b in zip(auto, ref):

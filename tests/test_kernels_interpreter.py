@@ -29,13 +29,17 @@ def to_torch(x, dtype):
     return None if x is None else torch.from_numpy(np.asarray(x, np.float32).copy()).to(dtype)
 
 
-def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0):
+# The seed's two kernels and the one-kernel path.
+PATHS = {"seed": dict(path="seed"), "one-kernel": dict(path="fused")}
+
+
+def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0, path=None):
     k, v, g, beta = make_inputs(seed, B, T, Hg, H, K, V, dtype, use_g=use_g, cu_seqlens=cu)
     td = TORCH_DTYPES[dtype]
     outs = fwd_intra_torch(
         to_torch(k, td), to_torch(v, td), to_torch(g, torch.float32), to_torch(beta, torch.float32),
         cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32),
-        autotune=False, dot_precision="ieee",
+        autotune=False, dot_precision="ieee", **path,
     )
     outs = [o.float().numpy() for o in outs]
     ref = fwd_intra_numpy(*as_f64(k, v, g, beta), cu_seqlens=cu)
@@ -56,15 +60,18 @@ def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0):
         ("float16", 1, 63, 2, 2, True),
     ],
 )
-def test_fixed_length(dtype, B, T, Hg, H, use_g, record_errors):
-    outs, ref = run(dtype, B, T, Hg, H, 32, 16, use_g=use_g, seed=T)
+@pytest.mark.parametrize("path", PATHS)
+def test_fixed_length(dtype, B, T, Hg, H, use_g, path, record_errors):
+    outs, ref = run(dtype, B, T, Hg, H, 32, 16, use_g=use_g, seed=T, path=PATHS[path])
     tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5} if dtype == "float32" else None
-    record_errors("interpreter", dtype, check_against_numpy(outs, ref, dtype, B, T, tol=tol))
+    record_errors(f"interpreter {path}", dtype, check_against_numpy(outs, ref, dtype, B, T, tol=tol))
 
 
 @pytest.mark.parametrize("cu", [[0, 1, 1, 64, 130], [0, 0, 70, 70]])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_varlen(cu, dtype, record_errors):
-    outs, ref = run(dtype, 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=len(cu))
+@pytest.mark.parametrize("path", PATHS)
+def test_varlen(cu, dtype, path, record_errors):
+    outs, ref = run(dtype, 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=len(cu), path=PATHS[path])
     tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5} if dtype == "float32" else None
-    record_errors("interpreter", dtype, check_against_numpy(outs, ref, dtype, 1, cu[-1], cu, tol=tol))
+    record_errors(f"interpreter {path}", dtype,
+                  check_against_numpy(outs, ref, dtype, 1, cu[-1], cu, tol=tol))
