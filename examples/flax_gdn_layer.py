@@ -137,7 +137,7 @@ def main(argv=None):
         forward(state, x).block_until_ready()
         times.append(time.perf_counter() - t0)
 
-    path = resolve_impl("GatedDeltaNet", args.impl)
+    path = resolve_impl("GatedDeltaNet", args.impl, H=args.v_heads, Hg=args.qk_heads)
     print(f"output shape {tuple(y.shape)} dtype {y.dtype}")
     print(f"fwd_intra path: {path} (cuda_available={cuda_available()}, "
           f"backend={jax.default_backend()})")

@@ -33,8 +33,10 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
       chunk_size: 64, the only size the fused kernel supports.
       chunk_indices: optional ``[NT, 2]`` int32 from
         :func:`gdn_jax.prepare_chunk_indices` (computed when omitted).
-      impl: ``"auto"`` (the fastest path here: ``"triton"`` on an NVIDIA GPU,
-        else ``"reference"``); ``"triton"``, the one-kernel Triton path
+      impl: ``"auto"``, the fastest path here: on an NVIDIA GPU ``"seed"`` for
+        fixed-length input with GQA (``H > Hg``) and ``"triton"`` otherwise
+        (measured on an H200, see the README), else ``"reference"``;
+        ``"triton"``, the one-kernel Triton path
         (``kernels/fused_intra.py``); ``"seed"``, the seed's two Triton kernels
         (``kernels/kkt_solve.py`` then ``kernels/recompute_w_u.py``);
         ``"reference"``, the jnp reference.
@@ -53,4 +55,6 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
     check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, k.shape[1], chunk_size)
     return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-                             chunk_indices=chunk_indices, impl=resolve_impl("fwd_intra", impl))
+                             chunk_indices=chunk_indices,
+                             impl=resolve_impl("fwd_intra", impl, H=v.shape[2], Hg=k.shape[2],
+                                               varlen=cu_seqlens is not None))

@@ -24,6 +24,20 @@ def fused_grid(NT: int, H: int, B: int) -> tuple[int, int]:
     return (NT * H, B)
 
 
+GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest grid, per dimension
+
+
+def check_grid(path: str, grid, names) -> None:
+    """ValueError where a launch grid passes CUDA's limits, naming the dim."""
+    for n, limit, name in zip(grid, GRID_LIMITS, names):
+        if n > limit:
+            raise ValueError(
+                f"fwd_intra: impl={path!r} launches {n} programs along {name}, over CUDA's "
+                f"limit of {limit} for that grid dimension; split the call (e.g. over batch "
+                f"rows), or pack the rows into one sequence with cu_seqlens"
+            )
+
+
 @functools.cache
 def jax_triton():
     """The jax_triton module, or a RuntimeError saying why it cannot be used."""
@@ -84,6 +98,12 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
     if B * T * H == 0 or NT == 0:
         return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
+    if path == "fused":
+        grid = fused_grid(NT, H, B)
+        check_grid("triton", grid, ("chunks * value heads (NT * H)", "batch rows B"))
+    else:
+        grid = (NT, H, B)  # chunks, value heads, batch rows
+        check_grid("seed", grid, ("chunks NT", "value heads H", "batch rows B"))
 
     # jax-triton 0.3 takes no None operand: an unused pointer gets a 1-element
     # dummy, and USE_G / IS_VARLEN tell the kernel not to read it.
@@ -100,14 +120,13 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
             k, v, g_arg, beta, cu_arg, ci_arg, T,
             kernel=gdn_fwd_intra_fused_kernel,
             out=(w_type, u_type, A_type),
-            grid=fused_grid(NT, H, B),
+            grid=grid,
             H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BV=_block(V), **flags,
         )
 
     from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
     from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
 
-    grid = (NT, H, B)  # chunks, value heads, batch rows
     A = triton_call(
         k, g_arg, beta, cu_arg, ci_arg, T,
         kernel=chunk_gated_delta_rule_fwd_kkt_solve_kernel,

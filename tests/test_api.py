@@ -71,6 +71,18 @@ def test_numpy_inputs_accepted():
     assert isinstance(w, jax.Array)
 
 
+@pytest.mark.parametrize("H,Hg,varlen,path", [
+    (32, 16, False, "seed"),  # fixed length with GQA: the seed's kernels were faster
+    (32, 16, True, "triton"),  # packed varlen: the one-kernel path
+    (8, 8, False, "triton"),  # no GQA: the one-kernel path
+])
+def test_auto_picks_the_measured_faster_triton_path(monkeypatch, H, Hg, varlen, path):
+    monkeypatch.setattr(gdn_jax.backend, "cuda_available", lambda: True)
+    assert gdn_jax.backend.resolve_impl("fwd_intra", "auto", H=H, Hg=Hg, varlen=varlen) == path
+    for impl in ("triton", "seed", "reference"):  # an explicit choice is kept
+        assert gdn_jax.backend.resolve_impl("fwd_intra", impl, H=H, Hg=Hg, varlen=varlen) == impl
+
+
 def test_impl_selection_without_gpu():
     if gdn_jax.backend.cuda_available():
         pytest.skip("checks the behaviour without a GPU")
@@ -184,3 +196,19 @@ def test_checkify_traced_cu_seqlens(cu, message):
     else:
         with pytest.raises(checkify.JaxRuntimeError, match=re.escape(message)):
             err.throw()
+
+
+@pytest.mark.parametrize("path,B,H,where", [
+    ("fused", 65536, 1, "batch rows B"),
+    ("seed", 65536, 1, "batch rows B"),
+    ("seed", 1, 65536, "value heads H"),
+])
+def test_grid_past_cuda_limits_is_a_clear_error(path, B, H, where):
+    """Checked before any launch, so this runs on CPU too."""
+    from gdn_jax.triton_launch import fwd_intra_triton
+
+    k = jnp.ones((B, 1, 1, 16), jnp.bfloat16)
+    v = jnp.ones((B, 1, H, 16), jnp.bfloat16)
+    beta = jnp.ones((B, 1, H), jnp.float32)
+    with pytest.raises(ValueError, match=f"along {where}, over CUDA's limit of 65535"):
+        fwd_intra_triton(k, v, None, beta, path=path)
