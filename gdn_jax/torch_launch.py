@@ -11,13 +11,7 @@ from .chunk_indices import cdiv, prepare_chunk_indices
 from .kernels.fused_intra import gdn_fwd_intra_fused_kernel
 from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
 from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
-from .triton_launch import BC, _block, fused_grid
-
-# What the autotuner would pick, for launches that bypass it (the interpreter
-# cannot run the autotuner's benchmarking).
-UNTUNED_KKT = dict(BK=64, num_warps=4)
-UNTUNED_WU = dict(num_warps=4, num_stages=2)
-UNTUNED_FUSED = dict(BK=64, num_warps=4, num_stages=2)
+from .triton_launch import BC, _block, fused_grid, tuned_or_fixed
 
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
@@ -56,14 +50,13 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         USE_G=g is not None, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
     )
     if path == "fused":
-        fused = gdn_fwd_intra_fused_kernel if autotune else gdn_fwd_intra_fused_kernel.fn
+        fused, config = tuned_or_fixed(gdn_fwd_intra_fused_kernel, "fused", autotune)
         fused[fused_grid(NT, H, B)](k=k, v=v, w=w, u=u, A=A, V=V, BC=BC, BV=_block(V),
-                                    **common, **({} if autotune else UNTUNED_FUSED))
+                                    **common, **config)
         return w, u, A
     grid = (NT, H, B)  # chunks, value heads, batch rows
-    kkt = kkt_kernel if autotune else kkt_kernel.fn
-    wu = recompute_w_u_fwd_kernel if autotune else recompute_w_u_fwd_kernel.fn
-    kkt[grid](k=k, A=A, BC=BC, **common, **({} if autotune else UNTUNED_KKT))
-    wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V), **common,
-             **({} if autotune else UNTUNED_WU))
+    kkt, config = tuned_or_fixed(kkt_kernel, "kkt_solve", autotune)
+    kkt[grid](k=k, A=A, BC=BC, **common, **config)
+    wu, config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", autotune)
+    wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V), **common, **config)
     return w, u, A

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,28 @@ def fused_grid(NT: int, H: int, B: int) -> tuple[int, int]:
     """Grid of the one-kernel path: (chunk, value head) pairs with the head
     fastest, so GQA heads of one key head run side by side; batch rows."""
     return (NT * H, B)
+
+
+# One fixed config per kernel for launches that skip the autotuner: Triton's
+# interpreter (it cannot benchmark) and GDN_JAX_AUTOTUNE=0 (quick GPU test
+# runs: one compile per kernel instead of one per config). The fused config is
+# what the autotuner picked on the H200 at the headline shape.
+UNTUNED = {
+    "kkt_solve": dict(BK=64, num_warps=4),
+    "recompute_w_u": dict(num_warps=4, num_stages=2),
+    "fused": dict(BK=64, num_warps=2, num_stages=3),
+}
+
+
+def autotune_enabled() -> bool:
+    """False when the environment sets ``GDN_JAX_AUTOTUNE=0``."""
+    return os.environ.get("GDN_JAX_AUTOTUNE", "1") != "0"
+
+
+def tuned_or_fixed(kernel, name: str, autotune: bool):
+    """``(kernel, config kwargs)``: the autotuned kernel as it is, or its inner
+    ``JITFunction`` with the fixed config ``UNTUNED[name]``."""
+    return (kernel, {}) if autotune else (kernel.fn, UNTUNED[name])
 
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest grid, per dimension
@@ -112,34 +135,38 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     cu_arg = cu_seqlens if is_varlen else dummy
     ci_arg = chunk_indices if is_varlen else dummy
     flags = dict(USE_G=g is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision())
+    tune = autotune_enabled()
 
     if path == "fused":
         from .kernels.fused_intra import gdn_fwd_intra_fused_kernel
 
+        kernel, config = tuned_or_fixed(gdn_fwd_intra_fused_kernel, "fused", tune)
         return triton_call(
             k, v, g_arg, beta, cu_arg, ci_arg, T,
-            kernel=gdn_fwd_intra_fused_kernel,
+            kernel=kernel,
             out=(w_type, u_type, A_type),
             grid=grid,
-            H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BV=_block(V), **flags,
+            H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BV=_block(V), **flags, **config,
         )
 
     from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
     from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
 
+    kernel, config = tuned_or_fixed(chunk_gated_delta_rule_fwd_kkt_solve_kernel, "kkt_solve", tune)
     A = triton_call(
         k, g_arg, beta, cu_arg, ci_arg, T,
-        kernel=chunk_gated_delta_rule_fwd_kkt_solve_kernel,
+        kernel=kernel,
         out=A_type,
         grid=grid,
         zeroed_outputs=(0,),  # the kernel writes the lower blocks only, as in the seed
-        H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags,
+        H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags, **config,
     )
+    kernel, config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", tune)
     w, u = triton_call(
         k, v, beta, g_arg, A, cu_arg, ci_arg, T,
-        kernel=recompute_w_u_fwd_kernel,
+        kernel=kernel,
         out=(w_type, u_type),
         grid=grid,
-        H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_block(K), BV=_block(V), **flags,
+        H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_block(K), BV=_block(V), **flags, **config,
     )
     return w, u, A

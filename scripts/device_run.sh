@@ -20,10 +20,12 @@ export PYTHONPATH=/tmp/jt$JT$SHIM:/tmp/pkg
 for phase in "$@"; do
   case $phase in
     info) python3 -P -c "import jax, jax_triton, triton, torch, gdn_jax; print('jax', jax.__version__, 'jax_triton', jax_triton.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices(), gdn_jax.__file__)";;
-    # compiling dominates, so the GPU tests run in 8 processes; the slow ones
-    # (tensors of tens of GB) run alone afterwards
-    test) python3 -P -m pytest -q -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25
-          python3 -P -m pytest -q -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;
+    # compiling dominates: the whole GPU suite runs with one fixed config per
+    # kernel (GDN_JAX_AUTOTUNE=0) in 8 processes, then the autotuned kernels on
+    # the T=4096 cases; the slow ones (tensors of tens of GB) run alone last
+    test) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rf -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25
+          python3 -P -m pytest -q -rf -m gpu -k "test_fixed_length and 4096" -n 8 -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12
+          python3 -P -m pytest -q -rf -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;
     bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" --variants 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -20;;
     *) bash -c "$phase";;
   esac

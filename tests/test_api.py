@@ -212,3 +212,16 @@ def test_grid_past_cuda_limits_is_a_clear_error(path, B, H, where):
     beta = jnp.ones((B, 1, H), jnp.float32)
     with pytest.raises(ValueError, match=f"along {where}, over CUDA's limit of 65535"):
         fwd_intra_triton(k, v, None, beta, path=path)
+
+
+def test_autotune_switch(monkeypatch):
+    from gdn_jax.kernels.fused_intra import gdn_fwd_intra_fused_kernel
+    from gdn_jax.triton_launch import UNTUNED, autotune_enabled, tuned_or_fixed
+
+    monkeypatch.delenv("GDN_JAX_AUTOTUNE", raising=False)
+    assert autotune_enabled()
+    assert tuned_or_fixed(gdn_fwd_intra_fused_kernel, "fused", True) == (gdn_fwd_intra_fused_kernel, {})
+    monkeypatch.setenv("GDN_JAX_AUTOTUNE", "0")
+    assert not autotune_enabled()
+    kernel, config = tuned_or_fixed(gdn_fwd_intra_fused_kernel, "fused", False)
+    assert kernel is gdn_fwd_intra_fused_kernel.fn and config == UNTUNED["fused"]
