@@ -3,7 +3,8 @@ jax.jit, checked against the jnp reference, with the median time of a call.
 
     python examples/demo_fwd_intra.py [--batch 2 --seq-len 1000 ...]
 
-On an NVIDIA GPU it runs the fused Triton kernels; elsewhere the plain-jnp
+On an NVIDIA GPU it runs the faster Triton path for the input (the seed's two
+kernels or the one-kernel path, ``impl="auto"``); elsewhere the plain-jnp
 reference (the CPU default).
 """
 import argparse
@@ -14,7 +15,10 @@ import jax
 import jax.numpy as jnp
 
 import gdn_jax
-from gdn_jax.backend import cuda_available
+from gdn_jax.backend import cuda_available, resolve_impl
+
+PATHS = {"triton": "Triton, one-kernel path", "seed": "Triton, the seed's two kernels",
+         "reference": "jnp reference (no NVIDIA GPU)"}
 
 
 def random_inputs(key, B, T, Hg, H, K, V, dtype):
@@ -56,14 +60,14 @@ def main():
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     a = p.parse_args()
     B, T, Hg, H, D = a.batch, a.seq_len, a.k_heads, a.v_heads, a.head_dim
-    path = "Triton (fused GPU kernels)" if cuda_available() else "jnp reference (no NVIDIA GPU)"
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}: fwd_intra runs {path}")
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
 
     k, v, g, beta = random_inputs(jax.random.key(0), B, T, Hg, H, D, D, jnp.dtype(a.dtype))
     fwd = jax.jit(gdn_jax.fwd_intra)
     ref = jax.jit(lambda *x: gdn_jax.fwd_intra(*x, impl="reference"))  # the yardstick on a GPU
     w, u, A = fwd(k, v, g, beta)
     print(f"fixed length: k {k.shape} v {v.shape} -> w {w.shape} u {u.shape} A {A.shape} ({A.dtype})")
+    print(f"  ran: {PATHS[resolve_impl('demo', 'auto', H=H, Hg=Hg)]}")
     if cuda_available():
         errs = [rel(o, r) for o, r in zip((w, u, A), ref(k, v, g, beta))]
         print("  Triton vs jnp reference, rel. error: w {:.1e}  u {:.1e}  A {:.1e}".format(*errs))
@@ -77,6 +81,7 @@ def main():
     fwd_varlen = jax.jit(lambda k, v, g, b, cu: gdn_jax.fwd_intra(k, v, g, b, cu_seqlens=cu))
     w, u, A = fwd_varlen(kp, vp, gp, bp, cu)
     print(f"packed varlen: cu_seqlens {cuts} (traced) -> w {w.shape} u {u.shape} A {A.shape}")
+    print(f"  ran: {PATHS[resolve_impl('demo', 'auto', H=H, Hg=Hg, varlen=True)]}")
     print(f"  median jitted call: {median_ms(fwd_varlen, kp, vp, gp, bp, cu):.3f} ms")
 
 
