@@ -121,21 +121,36 @@ def torch_inputs(jax_arrays):
     return [None if a is None else torch.from_dlpack(a) for a in jax_arrays]
 
 
+def _neumann_diagonal(src: str) -> str:
+    """kkt_solve.py with the one-kernel path's diagonal inverse (products of
+    powers) in place of the four forward-substitution loops."""
+    start, end = src.index("    b_Ai00 = -b_A00\n"), src.index("    b_Ai33 += m_I\n") + len("    b_Ai33 += m_I\n")
+    calls = "".join(f"    b_Ai{i}{i} = unit_lower_inverse(b_A{i}{i}, BC)\n" for i in range(4))
+    src = src[:start] + calls + src[end:]
+    return src.replace("from .safe_exp import safe_exp", "from .safe_exp import safe_exp\n"
+                       "from .fused_intra import unit_lower_inverse")
+
+
 VARIANTS = {
     # the seed's forward-substitution loop bound, which the interpreter cannot run
     "seed_loop_bound": [("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
                         for i in range(4)],
     # the seed's int32 sequence offsets (wrong past 2^31 elements)
     "int32_offsets": [(".to(tl.int64)", ".to(tl.int32)")] * 2 + [("i_b.to(tl.int64) * T", "i_b * T")] * 2,
+    # the diagonal blocks inverted as in the one-kernel path
+    "seed_neumann": _neumann_diagonal,
 }
 
 
 def kernel_variant(name):
-    """kernels/kkt_solve.py with one change undone (VARIANTS), as a fresh module."""
+    """kernels/kkt_solve.py with one change (VARIANTS), as a fresh module."""
     from gdn_jax.kernels import kkt_solve
 
     src = pathlib.Path(kkt_solve.__file__).read_text()
-    for old, new in VARIANTS[name]:
+    change = VARIANTS[name]
+    if callable(change):
+        src = change(src)
+    for old, new in [] if callable(change) else change:
         assert old in src, (name, old)
         src = src.replace(old, new, 1)
     path = pathlib.Path(tempfile.mkdtemp()) / f"kkt_solve_{name}.py"
@@ -195,6 +210,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         if variants:
             for name in VARIANTS:
                 row[f"torch_{name}_do_bench_ms"] = do_bench(path="seed", kkt_kernel=kernel_variant(name))
+            row["torch_split_do_bench_ms"] = do_bench(path="split")
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     for path in ("seed", "fused"):
@@ -223,7 +239,8 @@ def print_table(rows, bw):
             print(f"{r['shape']} variants, torch do_bench median ms: seed as shipped "
                   f"{r['torch_seed_do_bench_ms']:.4f} (again {r['torch_seed_do_bench_again_ms']:.4f}); "
                   + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS)
-                  + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}")
+                  + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; A kernel then w/u "
+                  f"{r['torch_split_do_bench_ms']:.4f}")
     print("| " + " | ".join(h for _, h in TABLE) + " |")
     print("|" + " --- |" * len(TABLE))
     for r in rows:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .chunk_indices import cdiv, prepare_chunk_indices
-from .kernels.fused_intra import gdn_fwd_intra_fused_kernel
+from .kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
 from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
 from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
 from .triton_launch import BC, _block, fused_grid, tuned_or_fixed
@@ -18,7 +18,9 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
                     *, autotune=True, dot_precision="tf32", path="fused",
                     kkt_kernel=kkt_solve_kernel):
     """``fwd_intra`` on torch tensors: ``path="fused"`` the one-kernel path,
-    ``path="seed"`` the seed's fused kkt+solve kernel, then w/u.
+    ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
+    the one-kernel path's A part as its own kernel, then w/u (a benchmark
+    variant, not a ``gdn_jax.fwd_intra`` path).
 
     Shapes and dtypes as :func:`gdn_jax.fwd_intra`; ``cu_seqlens`` and
     ``chunk_indices`` are torch integer tensors (``chunk_indices`` computed
@@ -55,8 +57,12 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
                                     **common, **config)
         return w, u, A
     grid = (NT, H, B)  # chunks, value heads, batch rows
-    kkt, config = tuned_or_fixed(kkt_kernel, "kkt_solve", autotune)
-    kkt[grid](k=k, A=A, BC=BC, **common, **config)
+    if path == "split":
+        first, config = tuned_or_fixed(gdn_fwd_intra_A_kernel, "A", autotune)
+        first[fused_grid(NT, H, B)](k=k, A=A, BC=BC, **common, **config)
+    else:
+        kkt, config = tuned_or_fixed(kkt_kernel, "kkt_solve", autotune)
+        kkt[grid](k=k, A=A, BC=BC, **common, **config)
     wu, config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", autotune)
     wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V), **common, **config)
     return w, u, A

@@ -33,6 +33,7 @@ UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
     "recompute_w_u": dict(num_warps=4, num_stages=2),
     "fused": dict(BK=64, num_warps=2, num_stages=3),
+    "A": dict(BK=64, num_warps=2),
 }
 
 

@@ -83,65 +83,33 @@ def store_row_block(ptr, T, C, stride, r0, c0, b_0, b_1, b_2, b_3, BR: tl.conste
              b_3.to(ptr.dtype.element_ty), boundary_check=(0, 1))
 
 
-@triton.autotune(
-    configs=[
-        triton.Config({"BK": 64}, num_warps=num_warps, num_stages=num_stages)
-        for num_warps in [2, 4, 8]
-        for num_stages in [2, 3]
-    ],
-    key=["H", "Hg", "K", "V", "BT", "BV"],
-)
-@triton.jit(do_not_specialize=["T"])
-def gdn_fwd_intra_fused_kernel(
-    k,
-    v,
-    g,
-    beta,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    w,
-    u,
-    A,
-    H: tl.constexpr,
-    Hg: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    USE_G: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+@triton.jit
+def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(i_t, i_h, bos, T)`` of this program on the head-fastest grid: the
+    chunk's index inside its sequence, the value head, the sequence's first row
+    (64-bit, so that offsets stay right past 2^31 elements) and its length."""
     i_th, i_b = tl.program_id(0), tl.program_id(1)
     i_t, i_h = i_th // H, i_th % H
-
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = eos - bos
+        T = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
     else:
-        bos, eos = i_b.to(tl.int64) * T, i_b.to(tl.int64) * T + T
+        bos = i_b.to(tl.int64) * T
+    return i_t, i_h, bos, T
 
-    if i_t * BT >= T:
-        return
 
-    i_tc0 = i_t * BT
+@triton.jit
+def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K: tl.constexpr,
+                  BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    """``(I + L)^-1`` of the chunk from row ``i_tc0``, stored whole (upper
+    blocks as zeros) into ``A``; ``k``, ``g``, ``beta`` and ``A`` point at the
+    sequence's first row and this program's head."""
     i_tc1 = i_tc0 + BC
     i_tc2 = i_tc0 + 2 * BC
     i_tc3 = i_tc0 + 3 * BC
-    k += (bos * Hg + i_h // (H // Hg)) * K
-    v += (bos * H + i_h) * V
-    w += (bos * H + i_h) * K
-    u += (bos * H + i_h) * V
-    A += (bos * H + i_h) * BT
-    beta += bos * H + i_h
-    g += bos * H + i_h
-
     b_b0 = load_rows(beta, T, H, i_tc0, BC)
     b_b1 = load_rows(beta, T, H, i_tc1, BC)
     b_b2 = load_rows(beta, T, H, i_tc2, BC)
@@ -235,6 +203,53 @@ def gdn_fwd_intra_fused_kernel(
     store_row_block(A, T, BT, H * BT, i_tc2, 0, b_Ai20, b_Ai21, b_Ai22, b_0, BC, BC)
     store_row_block(A, T, BT, H * BT, i_tc3, 0, b_Ai30, b_Ai31, b_Ai32, b_Ai33, BC, BC)
 
+
+
+@triton.autotune(
+    configs=[
+        triton.Config({"BK": 64}, num_warps=num_warps, num_stages=num_stages)
+        for num_warps in [2, 4, 8]
+        for num_stages in [2, 3]
+    ],
+    key=["H", "Hg", "K", "V", "BT", "BV"],
+)
+@triton.jit(do_not_specialize=["T"])
+def gdn_fwd_intra_fused_kernel(
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    w,
+    u,
+    A,
+    H: tl.constexpr,
+    Hg: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_G: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
+    if i_t * BT >= T:
+        return
+    i_tc0 = i_t * BT
+    k += (bos * Hg + i_h // (H // Hg)) * K
+    v += (bos * H + i_h) * V
+    w += (bos * H + i_h) * K
+    u += (bos * H + i_h) * V
+    A += (bos * H + i_h) * BT
+    beta += bos * H + i_h
+    g += bos * H + i_h
+    store_chunk_A(k, g, beta, A, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+
     # u = A (beta v), w = A (beta exp(g) k) as in recompute_w_u.py, with A read
     # back whole as the [64, 64] tile this program just wrote: after the
     # barrier the CTA's own stores are visible, and the tile (8 KB in bf16)
@@ -257,3 +272,40 @@ def gdn_fwd_intra_fused_kernel(
         b_w = tl.dot(b_A, b_kb, input_precision=DOT_PRECISION)
         tl.store(tile_ptr(w, T, K, H * K, i_tc0, i_k * BK, BT, BK), b_w.to(w.dtype.element_ty),
                  boundary_check=(0, 1))
+
+
+# The A part alone, on the same head-fastest grid: with recompute_w_u.py after
+# it, a two-kernel split of the one-kernel path, where each kernel runs at its
+# own best occupancy (benchmarked as a variant, not yet a public path).
+@triton.autotune(
+    configs=[
+        triton.Config({"BK": BK}, num_warps=num_warps)
+        for BK in [32, 64]
+        for num_warps in [1, 2, 4]
+    ],
+    key=["H", "Hg", "K", "BC"],
+)
+@triton.jit(do_not_specialize=["T"])
+def gdn_fwd_intra_A_kernel(
+    k,
+    g,
+    beta,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    A,
+    H: tl.constexpr,
+    Hg: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    USE_G: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
+    if i_t * BT >= T:
+        return
+    store_chunk_A(k + (bos * Hg + i_h // (H // Hg)) * K, g + bos * H + i_h, beta + bos * H + i_h,
+                  A + (bos * H + i_h) * BT, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)

@@ -29,8 +29,9 @@ def to_torch(x, dtype):
     return None if x is None else torch.from_numpy(np.asarray(x, np.float32).copy()).to(dtype)
 
 
-# The seed's two kernels and the one-kernel path.
-PATHS = {"seed": dict(path="seed"), "one-kernel": dict(path="fused")}
+# The seed's two kernels, the one-kernel path, and its A kernel then w/u (a
+# benchmark variant).
+PATHS = {"seed": dict(path="seed"), "one-kernel": dict(path="fused"), "split": dict(path="split")}
 
 
 def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0, path=None):
@@ -75,3 +76,23 @@ def test_varlen(cu, dtype, path, record_errors):
     tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5} if dtype == "float32" else None
     record_errors(f"interpreter {path}", dtype,
                   check_against_numpy(outs, ref, dtype, 1, cu[-1], cu, tol=tol))
+
+
+def test_benchmark_kernel_variant_seed_neumann(record_errors):
+    """The benchmark's kkt_solve variant with the one-kernel path's diagonal
+    inverse computes the same function (the other variants undo
+    interpreter-safe changes and cannot run here)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fwd_intra.py"
+    spec = importlib.util.spec_from_file_location("bench_fwd_intra", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    variant = bench.kernel_variant("seed_neumann")
+    cu = [0, 1, 1, 64, 130]
+    outs, ref = run("float32", 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=3,
+                    path=dict(path="seed", kkt_kernel=variant))
+    tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5}
+    record_errors("interpreter seed_neumann", "float32",
+                  check_against_numpy(outs, ref, "float32", 1, cu[-1], cu, tol=tol))
