@@ -30,6 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gdn_jax  # noqa: E402
+from gdn_jax.triton_launch import UNTUNED, autotune_enabled  # noqa: E402
 
 SWEEP_T = (1024, 2048, 4096, 8192)  # --sweep: the headline shape at these T, for the chart
 SHAPES = {
@@ -197,8 +198,11 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         tcu = None if cu is None else torch.from_dlpack(cu)
         ci = None if cu is None else torch.from_dlpack(gdn_jax.prepare_chunk_indices(cu))
 
+        autotune = autotune_enabled()  # GDN_JAX_AUTOTUNE=0 (--fixed-config): no autotuner on either side
+
         def tcall(**kw):
-            return lambda: fwd_intra_torch(tk, tv, tg, tb, cu_seqlens=tcu, chunk_indices=ci, **kw)
+            return lambda: fwd_intra_torch(tk, tv, tg, tb, cu_seqlens=tcu, chunk_indices=ci,
+                                           autotune=autotune, **kw)
 
         def do_bench(**kw):
             return triton.testing.do_bench(tcall(**kw), warmup=50, rep=300, return_mode="median")
@@ -206,7 +210,8 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         for path in ("seed", "fused"):
             row[f"torch_{path}_ms"] = wall_median(tcall(path=path), torch.cuda.synchronize)
             row[f"torch_{path}_do_bench_ms"] = do_bench(path=path)
-        row["fused_config"] = str(gdn_fwd_intra_fused_kernel.best_config)
+        row["fused_config"] = (str(gdn_fwd_intra_fused_kernel.best_config) if autotune
+                               else f"fixed {UNTUNED['fused']}")
         if variants:
             for name in VARIANTS:
                 row[f"torch_{name}_do_bench_ms"] = do_bench(path="seed", kkt_kernel=kernel_variant(name))
@@ -254,11 +259,16 @@ def main():
     p.add_argument("--shapes", default=",".join(n for n in SHAPES if not n.startswith("sweep_")))
     p.add_argument("--sweep", action="store_true", help=f"also time T in {SWEEP_T} and draw a PNG")
     p.add_argument("--no-reference", action="store_true")
+    p.add_argument("--fixed-config", action="store_true",
+                   help="one fixed config per kernel on both launchers (GDN_JAX_AUTOTUNE=0): "
+                        "launch cost alone, without the two autotuners' choices")
     p.add_argument("--torch-only", action="store_true",
                    help="time the torch launches only (quick kernel comparisons)")
     p.add_argument("--variants", action="store_true",
                    help="also time kernel variants with one change undone (headline shape)")
     args = p.parse_args()
+    if args.fixed_config:
+        os.environ["GDN_JAX_AUTOTUNE"] = "0"
     with_torch = importlib.util.find_spec("torch") is not None
     bw = copy_bandwidth() if with_torch else 4.19e12
     versions = dict(jax=jax.__version__, device=jax.devices()[0].device_kind)

@@ -207,7 +207,10 @@ def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K:
 
 @triton.autotune(
     configs=[
-        triton.Config({"BK": 64}, num_warps=num_warps, num_stages=num_stages)
+        # BK=32 halves the k tiles: ptxas (scripts/ptxas_report.py) then reports
+        # no spills at 4 warps, against 436 bytes per thread with BK=64.
+        triton.Config({"BK": BK}, num_warps=num_warps, num_stages=num_stages)
+        for BK in [32, 64]
         for num_warps in [2, 4, 8]
         for num_stages in [2, 3]
     ],

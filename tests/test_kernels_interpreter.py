@@ -96,3 +96,24 @@ def test_benchmark_kernel_variant_seed_neumann(record_errors):
     tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5}
     record_errors("interpreter seed_neumann", "float32",
                   check_against_numpy(outs, ref, "float32", 1, cu[-1], cu, tol=tol))
+
+
+@pytest.mark.parametrize("path,kernel_name", [("seed", "kkt_solve"), ("fused", "fused"), ("split", "A")])
+def test_every_autotune_tile_size(path, kernel_name, monkeypatch, record_errors):
+    """Every BK the autotuner may pick computes the same function (the
+    interpreter runs one fixed config, ``gdn_jax.triton_launch.UNTUNED``)."""
+    import gdn_jax.triton_launch as launch
+    from gdn_jax.kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
+    from gdn_jax.kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
+
+    kernel = {"kkt_solve": chunk_gated_delta_rule_fwd_kkt_solve_kernel, "fused": gdn_fwd_intra_fused_kernel,
+              "A": gdn_fwd_intra_A_kernel}[kernel_name]
+    tiles = sorted({c.kwargs["BK"] for c in kernel.configs})
+    assert len(tiles) > 1
+    cu = [0, 1, 64, 130]
+    for BK in tiles:
+        monkeypatch.setitem(launch.UNTUNED, kernel_name, {**launch.UNTUNED[kernel_name], "BK": BK})
+        outs, ref = run("float32", 1, cu[-1], 2, 4, 96, 32, cu=cu, seed=BK, path=dict(path=path))
+        record_errors(f"interpreter {path} BK={BK}", "float32",
+                      check_against_numpy(outs, ref, "float32", 1, cu[-1], cu,
+                                          tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
