@@ -216,6 +216,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             for name in VARIANTS:
                 row[f"torch_{name}_do_bench_ms"] = do_bench(path="seed", kkt_kernel=kernel_variant(name))
             row["torch_split_do_bench_ms"] = do_bench(path="split")
+            row["torch_split_columns_do_bench_ms"] = do_bench(path="split", merge="columns")
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     for path in ("seed", "fused"):
@@ -245,7 +246,8 @@ def print_table(rows, bw):
                   f"{r['torch_seed_do_bench_ms']:.4f} (again {r['torch_seed_do_bench_again_ms']:.4f}); "
                   + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS)
                   + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; A kernel then w/u "
-                  f"{r['torch_split_do_bench_ms']:.4f}")
+                  f"{r['torch_split_do_bench_ms']:.4f} (column merge "
+                  f"{r['torch_split_columns_do_bench_ms']:.4f})")
     print("| " + " | ".join(h for _, h in TABLE) + " |")
     print("|" + " --- |" * len(TABLE))
     for r in rows:

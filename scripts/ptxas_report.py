@@ -51,6 +51,7 @@ def main():
     p.add_argument("--H", type=int, default=32)
     p.add_argument("--Hg", type=int, default=16)
     p.add_argument("--varlen", action="store_true")
+    p.add_argument("--only", default="", help="kernels whose name contains this")
     a = p.parse_args()
     warnings.filterwarnings("ignore", message="tl.make_block_ptr is deprecated")
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
@@ -67,12 +68,17 @@ def main():
                                      dict(k=bf, v=bf, g=f32, beta=f32, **runtime, w=bf, u=bf, A=bf),
                                      dict(**heads, V=a.K, BC=BC, BV=_block(a.K), **flags)),
         "A kernel (split variant)": (gdn_fwd_intra_A_kernel,
-                                     dict(k=bf, g=f32, beta=f32, **runtime, A=bf), dict(**heads, BC=BC, **flags)),
+                                     dict(k=bf, g=f32, beta=f32, **runtime, A=bf),
+                                     dict(**heads, BC=BC, MERGE="rows", **flags)),
+        "A kernel, column merge": (gdn_fwd_intra_A_kernel, dict(k=bf, g=f32, beta=f32, **runtime, A=bf),
+                                   dict(**heads, BC=BC, MERGE="columns", **flags)),
     }
     print(f"triton {triton.__version__}, sm_90a, bf16, K=V={a.K}, H={a.H}, Hg={a.Hg}, varlen={a.varlen}")
     print("| kernel | config | registers | spill stores (B) | shared (B) |")
     print("| --- | --- | --- | --- | --- |")
     for name, (kernel, signature, constexprs) in kernels.items():
+        if a.only not in name:
+            continue
         for config in kernel.configs:
             regs, spills, shared = ptxas_info(kernel, signature, constexprs, config)
             cfg = ", ".join([*(f"{k}={v}" for k, v in config.kwargs.items()),
