@@ -23,20 +23,7 @@ import triton
 import triton.language as tl
 
 from .safe_exp import safe_exp
-
-
-@triton.jit
-def load_rows(ptr, T, stride, r0, BR: tl.constexpr):
-    """``BR`` float32 values ``ptr[r * stride]`` for rows ``r0 .. r0 + BR``, zero past ``T``."""
-    p = tl.make_block_ptr(ptr, (T,), (stride,), (r0,), (BR,), (0,))
-    return tl.load(p, boundary_check=(0,)).to(tl.float32)
-
-
-@triton.jit
-def tile_ptr(ptr, T, C, stride, r0, c0, BR: tl.constexpr, BCOL: tl.constexpr):
-    """Block pointer to rows ``r0 .. r0 + BR`` and columns ``c0 .. c0 + BCOL`` of a
-    ``[T, C]`` row-major matrix with row stride ``stride``."""
-    return tl.make_block_ptr(ptr, (T, C), (stride, 1), (r0, c0), (BR, BCOL), (1, 0))
+from .tiles import load_rows, store_A_times, tile_ptr
 
 
 @triton.jit
@@ -333,21 +320,10 @@ def gdn_fwd_intra_fused_kernel(
     tl.debug_barrier()
     b_A = tl.load(tile_ptr(A, T, BT, H * BT, i_tc0, 0, BT, BT), boundary_check=(0, 1))
     b_beta = load_rows(beta, T, H, i_tc0, BT)
-    for i_v in range(tl.cdiv(V, BV)):
-        p_v = tile_ptr(v, T, V, H * V, i_tc0, i_v * BV, BT, BV)
-        b_vb = (tl.load(p_v, boundary_check=(0, 1)) * b_beta[:, None]).to(b_A.dtype)
-        b_u = tl.dot(b_A, b_vb, input_precision=DOT_PRECISION)
-        tl.store(tile_ptr(u, T, V, H * V, i_tc0, i_v * BV, BT, BV), b_u.to(u.dtype.element_ty),
-                 boundary_check=(0, 1))
+    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)
     if USE_G:
         b_beta *= tl.exp(load_rows(g, T, H, i_tc0, BT))
-    for i_k in range(tl.cdiv(K, BK)):
-        p_k = tile_ptr(k, T, K, Hg * K, i_tc0, i_k * BK, BT, BK)
-        b_kb = (tl.load(p_k, boundary_check=(0, 1)) * b_beta[:, None]).to(b_A.dtype)
-        b_w = tl.dot(b_A, b_kb, input_precision=DOT_PRECISION)
-        tl.store(tile_ptr(w, T, K, H * K, i_tc0, i_k * BK, BT, BK), b_w.to(w.dtype.element_ty),
-                 boundary_check=(0, 1))
-
+    store_A_times(b_A, k, w, b_beta, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)
 
 # The A part alone, on the same head-fastest grid: with recompute_w_u.py after
 # it, a two-kernel split of the one-kernel path, where each kernel runs at its

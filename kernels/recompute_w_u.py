@@ -13,6 +13,8 @@ Parameter order follows jax-triton: inputs, the scalar ``T``, then the outputs
 import triton
 import triton.language as tl
 
+from .tiles import load_rows, store_A_times, tile_ptr
+
 
 @triton.autotune(
     configs=[
@@ -61,44 +63,16 @@ def recompute_w_u_fwd_kernel(
         return
 
     # Per-row factors of this chunk: beta, and beta * exp(g) for the keys.
-    p_beta = tl.make_block_ptr(beta + bos * H + i_h, (T,), (H,), (i_t * BT,), (BT,), (0,))
-    b_beta = tl.load(p_beta, boundary_check=(0,)).to(tl.float32)
+    i_tc0 = i_t * BT
+    b_beta = load_rows(beta + bos * H + i_h, T, H, i_tc0, BT)
     b_kscale = b_beta
     if USE_G:
-        p_g = tl.make_block_ptr(g + bos * H + i_h, (T,), (H,), (i_t * BT,), (BT,), (0,))
-        b_kscale = b_beta * tl.exp(tl.load(p_g, boundary_check=(0,)).to(tl.float32))
+        b_kscale = b_beta * tl.exp(load_rows(g + bos * H + i_h, T, H, i_tc0, BT))
 
     # The chunk's (I + L)^-1, rows past the sequence end read as zero.
-    p_A = tl.make_block_ptr(
-        A + (bos * H + i_h) * BT, (T, BT), (H * BT, 1), (i_t * BT, 0), (BT, BT), (1, 0)
-    )
-    b_A = tl.load(p_A, boundary_check=(0, 1))
-
-    for i_v in range(tl.cdiv(V, BV)):
-        p_v = tl.make_block_ptr(
-            v + (bos * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0)
-        )
-        p_u = tl.make_block_ptr(
-            u + (bos * H + i_h) * V, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0)
-        )
-        b_v = tl.load(p_v, boundary_check=(0, 1))
-        b_vb = (b_v * b_beta[:, None]).to(b_A.dtype)
-        b_u = tl.dot(b_A, b_vb, input_precision=DOT_PRECISION)
-        tl.store(p_u, b_u.to(p_u.dtype.element_ty), boundary_check=(0, 1))
-
-    for i_k in range(tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(
-            k + (bos * Hg + i_h // (H // Hg)) * K,
-            (T, K),
-            (Hg * K, 1),
-            (i_t * BT, i_k * BK),
-            (BT, BK),
-            (1, 0),
-        )
-        p_w = tl.make_block_ptr(
-            w + (bos * H + i_h) * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0)
-        )
-        b_k = tl.load(p_k, boundary_check=(0, 1))
-        b_kb = (b_k * b_kscale[:, None]).to(b_A.dtype)
-        b_w = tl.dot(b_A, b_kb, input_precision=DOT_PRECISION)
-        tl.store(p_w, b_w.to(p_w.dtype.element_ty), boundary_check=(0, 1))
+    b_A = tl.load(tile_ptr(A + (bos * H + i_h) * BT, T, BT, H * BT, i_tc0, 0, BT, BT),
+                  boundary_check=(0, 1))
+    store_A_times(b_A, v + (bos * H + i_h) * V, u + (bos * H + i_h) * V, b_beta,
+                  T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)
+    store_A_times(b_A, k + (bos * Hg + i_h // (H // Hg)) * K, w + (bos * H + i_h) * K, b_kscale,
+                  T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)

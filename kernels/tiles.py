@@ -1,0 +1,37 @@
+"""``@triton.jit`` tile helpers shared by ``recompute_w_u.py`` and ``fused_intra.py``.
+
+Rows are tokens of one sequence (``T`` of them, row stride ``H * dim`` in the
+packed ``[B, T, H, dim]`` layout); pointers already point at the sequence's
+first row and the program's head.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_rows(ptr, T, stride, r0, BR: tl.constexpr):
+    """``BR`` float32 values ``ptr[r * stride]`` for rows ``r0 .. r0 + BR``, zero past ``T``."""
+    p = tl.make_block_ptr(ptr, (T,), (stride,), (r0,), (BR,), (0,))
+    return tl.load(p, boundary_check=(0,)).to(tl.float32)
+
+
+@triton.jit
+def tile_ptr(ptr, T, C, stride, r0, c0, BR: tl.constexpr, BCOL: tl.constexpr):
+    """Block pointer to rows ``r0 .. r0 + BR`` and columns ``c0 .. c0 + BCOL`` of a
+    ``[T, C]`` row-major matrix with row stride ``stride``."""
+    return tl.make_block_ptr(ptr, (T, C), (stride, 1), (r0, c0), (BR, BCOL), (1, 0))
+
+
+@triton.jit
+def store_A_times(b_A, x, y, scale, T, C, x_stride, y_stride, r0, BT: tl.constexpr,
+                  BX: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``y = A (scale * x)`` for the ``BT`` rows of one chunk from row ``r0``:
+    ``b_A`` is the chunk's ``[BT, BT]`` tile, ``scale`` a ``[BT]`` row factor,
+    ``x`` and ``y`` ``[T, C]`` matrices, done in ``BX``-wide column tiles.
+    ``scale * x`` is rounded to ``b_A``'s dtype before the dot."""
+    for i_x in range(tl.cdiv(C, BX)):
+        p_x = tile_ptr(x, T, C, x_stride, r0, i_x * BX, BT, BX)
+        b_x = (tl.load(p_x, boundary_check=(0, 1)) * scale[:, None]).to(b_A.dtype)
+        b_y = tl.dot(b_A, b_x, input_precision=DOT_PRECISION)
+        tl.store(tile_ptr(y, T, C, y_stride, r0, i_x * BX, BT, BX), b_y.to(y.dtype.element_ty),
+                 boundary_check=(0, 1))
