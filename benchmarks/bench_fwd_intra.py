@@ -122,6 +122,16 @@ def torch_inputs(jax_arrays):
     return [None if a is None else torch.from_dlpack(a) for a in jax_arrays]
 
 
+def _replace(*pairs):
+    """A source change: each ``(old, new)`` replaced once, in order (``old`` must be there)."""
+    def change(src: str) -> str:
+        for old, new in pairs:
+            assert old in src, old
+            src = src.replace(old, new, 1)
+        return src
+    return change
+
+
 def _neumann_diagonal(src: str) -> str:
     """kkt_solve.py with the one-kernel path's diagonal inverse (products of
     powers) in place of the four forward-substitution loops."""
@@ -132,12 +142,13 @@ def _neumann_diagonal(src: str) -> str:
                        "from .fused_intra import unit_lower_inverse")
 
 
-VARIANTS = {
+VARIANTS = {  # name: change of kernels/kkt_solve.py's source
     # the seed's forward-substitution loop bound, which the interpreter cannot run
-    "seed_loop_bound": [("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
-                        for i in range(4)],
+    "seed_loop_bound": _replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
+                                  for i in range(4)]),
     # the seed's int32 sequence offsets (wrong past 2^31 elements)
-    "int32_offsets": [(".to(tl.int64)", ".to(tl.int32)")] * 2 + [("i_b.to(tl.int64) * T", "i_b * T")] * 2,
+    "int32_offsets": _replace(*[(".to(tl.int64)", ".to(tl.int32)")] * 2,
+                              *[("i_b.to(tl.int64) * T", "i_b * T")] * 2),
     # the diagonal blocks inverted as in the one-kernel path
     "seed_neumann": _neumann_diagonal,
 }
@@ -147,13 +158,7 @@ def kernel_variant(name):
     """kernels/kkt_solve.py with one change (VARIANTS), as a fresh module."""
     from gdn_jax.kernels import kkt_solve
 
-    src = pathlib.Path(kkt_solve.__file__).read_text()
-    change = VARIANTS[name]
-    if callable(change):
-        src = change(src)
-    for old, new in [] if callable(change) else change:
-        assert old in src, (name, old)
-        src = src.replace(old, new, 1)
+    src = VARIANTS[name](pathlib.Path(kkt_solve.__file__).read_text())
     path = pathlib.Path(tempfile.mkdtemp()) / f"kkt_solve_{name}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(f"gdn_jax.kernels.kkt_solve_{name}", path)
