@@ -72,17 +72,23 @@ def plot_sweep(rows, path):
     fig.savefig(path, dpi=120)
 
 
-def wall_median(fn, sync, n_inner=20, reps=7, warmup=3):
+def wall_median(fn, sync, n_inner=20, reps=7, warmup=3, enqueue=None):
+    """Median ms per call of ``n_inner`` back-to-back calls then ``sync``.
+    ``enqueue``, a list, gets the median host ms per call spent before the
+    sync: near the wall time, the host (dispatch), not the GPU, sets the pace."""
     for _ in range(warmup):
         fn()
     sync()
-    times = []
+    times, queued = [], []
     for _ in range(reps):
         t0 = time.perf_counter()
         for _ in range(n_inner):
             fn()
+        queued.append((time.perf_counter() - t0) / n_inner * 1e3)
         sync()
         times.append((time.perf_counter() - t0) / n_inner * 1e3)
+    if enqueue is not None:
+        enqueue.append(statistics.median(queued))
     return statistics.median(times)
 
 
@@ -180,7 +186,10 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         def call():
             out[0] = f(k, v, g, beta, cu)
 
-        return wall_median(call, lambda: jax.block_until_ready(out[0]))
+        enqueue = []
+        ms = wall_median(call, lambda: jax.block_until_ready(out[0]), enqueue=enqueue)
+        row[f"{impl}_enqueue_ms"] = enqueue[0]
+        return ms
 
     if with_jax:
         row["fused_ms"] = jax_time("triton")
@@ -191,7 +200,9 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         import torch
         import triton.testing
 
-        from gdn_jax.kernels.fused_intra import gdn_fwd_intra_fused_kernel
+        from gdn_jax.kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
+        from gdn_jax.kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
+        from gdn_jax.kernels.recompute_w_u import recompute_w_u_fwd_kernel
         from gdn_jax.torch_launch import fwd_intra_torch
 
         # jax-triton 0.3.1 sets TRITON_CACHE_DIR="" on import, which breaks
@@ -213,8 +224,13 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             return triton.testing.do_bench(tcall(**kw), warmup=50, rep=300, return_mode="median")
 
         for path in ("seed", "fused"):
-            row[f"torch_{path}_ms"] = wall_median(tcall(path=path), torch.cuda.synchronize)
+            enqueue = []
+            row[f"torch_{path}_ms"] = wall_median(tcall(path=path), torch.cuda.synchronize,
+                                                  enqueue=enqueue)
+            row[f"torch_{path}_enqueue_ms"] = enqueue[0]
             row[f"torch_{path}_do_bench_ms"] = do_bench(path=path)
+        if autotune:
+            row["seed_configs"] = [str(kern.best_config) for kern in (kkt_solve_kernel, recompute_w_u_fwd_kernel)]
         row["fused_config"] = (str(gdn_fwd_intra_fused_kernel.best_config) if autotune
                                else f"fixed {UNTUNED['fused']}")
         if variants:
@@ -223,6 +239,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             row["torch_split_do_bench_ms"] = do_bench(path="split")
             row["torch_split_columns_do_bench_ms"] = do_bench(path="split", merge="columns")
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
+            row["split_config"] = str(gdn_fwd_intra_A_kernel.best_config)
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     for path in ("seed", "fused"):
         if f"torch_{path}_ms" in row and f"{path}_ms" in row:

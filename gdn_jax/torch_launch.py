@@ -38,7 +38,8 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         ci = np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), BT))
         chunk_indices = torch.from_numpy(ci).to(k.device)
     NT = cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
-    A = torch.zeros(B, T, H, BT, device=k.device, dtype=k.dtype)
+    # the seed's kkt_solve writes the lower blocks only; the other paths store A whole
+    A = (torch.zeros if path == "seed" else torch.empty)(B, T, H, BT, device=k.device, dtype=k.dtype)
     w = torch.empty(B, T, H, K, device=k.device, dtype=k.dtype)
     u = torch.empty(B, T, H, V, device=k.device, dtype=v.dtype)
     if NT == 0 or B * H == 0:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .chunk_indices import cdiv
-from .validate import check_kernel_dtypes
+from .validate import check_kernel_dtypes, is_traced
 
 BC = 16  # sub-block rows of the fused kernels (4 x 16 = 64)
 
@@ -27,8 +27,9 @@ def fused_grid(NT: int, H: int, B: int) -> tuple[int, int]:
 
 # One fixed config per kernel for launches that skip the autotuner: Triton's
 # interpreter (it cannot benchmark) and GDN_JAX_AUTOTUNE=0 (quick GPU test
-# runs: one compile per kernel instead of one per config). The fused config is
-# what the autotuner picked on the H200 at the headline shape.
+# runs: one compile per kernel instead of one per config), and varlen launches
+# with traced offsets under jax-triton >= 0.4 (may_autotune). The fused config
+# is what the autotuner picked on the H200 at the headline shape.
 UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
     "recompute_w_u": dict(num_warps=4, num_stages=2),
@@ -73,6 +74,30 @@ def jax_triton():
             f"(pip install jax-triton 'jax[cuda13]'); importing jax_triton failed: {e}"
         ) from e
     return jt
+
+
+@functools.cache
+def autotunes_at_initialize() -> bool:
+    """True for jax-triton >= 0.4, whose XLA FFI handler (jaxlib's
+    ``triton_kernel_call_ffi``) autotunes while the executable is initialized,
+    before any op of the graph has run: the candidate configs are launched on
+    the operand buffers as they are then. Jit parameters hold their data by
+    then; arrays computed in the graph (the chunk indices of a traced
+    ``cu_seqlens``) hold garbage, and a kernel that indexes memory with them
+    faults (CUDA_ERROR_ILLEGAL_ADDRESS, measured with 0.4.1). jax-triton 0.3
+    autotunes on the first execution, in stream order, on real data."""
+    version = jax_triton().__version__.split(".")
+    return (int(version[0]), int(version[1])) >= (0, 4)
+
+
+def may_autotune(*index_arrays) -> bool:
+    """Whether a launch may hand jax-triton its autotuned kernel: not with
+    ``GDN_JAX_AUTOTUNE=0``, and not where jax-triton autotunes at
+    initialization (:func:`autotunes_at_initialize`) while an operand used
+    for addressing (``cu_seqlens``, chunk indices) is traced, since it may be
+    computed in the graph. Such launches take the fixed config ``UNTUNED``."""
+    traced = any(is_traced(a) for a in index_arrays if a is not None)
+    return autotune_enabled() and not (traced and autotunes_at_initialize())
 
 
 @functools.cache
@@ -136,7 +161,7 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     cu_arg = cu_seqlens if is_varlen else dummy
     ci_arg = chunk_indices if is_varlen else dummy
     flags = dict(USE_G=g is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision())
-    tune = autotune_enabled()
+    tune = may_autotune(cu_seqlens, chunk_indices)
 
     if path == "fused":
         from .kernels.fused_intra import gdn_fwd_intra_fused_kernel

@@ -225,3 +225,22 @@ def test_autotune_switch(monkeypatch):
     assert not autotune_enabled()
     kernel, config = tuned_or_fixed(gdn_fwd_intra_fused_kernel, "fused", False)
     assert kernel is gdn_fwd_intra_fused_kernel.fn and config == UNTUNED["fused"]
+
+
+@pytest.mark.parametrize("jax_triton_04", [False, True])
+def test_no_autotuning_on_traced_offsets_where_jax_triton_tunes_at_initialize(monkeypatch, jax_triton_04):
+    """jax-triton >= 0.4 autotunes before the graph runs, on operand buffers
+    that arrays computed in the graph have not filled yet: a traced
+    cu_seqlens/chunk_indices must then get one fixed config."""
+    from gdn_jax import triton_launch
+
+    monkeypatch.delenv("GDN_JAX_AUTOTUNE", raising=False)
+    monkeypatch.setattr(triton_launch, "autotunes_at_initialize", lambda: jax_triton_04)
+    cu = jnp.array([0, 5, 9], jnp.int32)
+    assert triton_launch.may_autotune(None, None)
+    assert triton_launch.may_autotune(cu, gdn_jax.prepare_chunk_indices(cu))
+    seen = []
+    jax.jit(lambda c: seen.append(triton_launch.may_autotune(c, c[:1])) or c)(cu)
+    assert seen == [not jax_triton_04]
+    monkeypatch.setenv("GDN_JAX_AUTOTUNE", "0")
+    assert not triton_launch.may_autotune(cu, None)
