@@ -7,13 +7,23 @@ Triton's own compiler for an sm_90 target (no driver needed) and runs the
 ptxas that ships with Triton (`-v`) on the PTX. Registers per thread fix
 occupancy: 255 registers x 128 threads leave room for 2 programs (8 warps)
 per SM. The local triton may differ from the GPU machine's.
+
+"PTX" is a hash of the PTX without debug lines: configs with the same hash
+compile to the same code (num_stages does not change these kernels). The
+last column is the zlib-compressed size of the config's PTX and TTIR:
+jax-triton 0.3.1 ships every config's PTX and TTIR in the custom call's
+opaque string, and jaxlib's legacy handler hashes and compares that whole
+string on every call to find its cached kernel, so host time per call grows
+with the sum of this column over a kernel's configs.
 """
 import argparse
+import hashlib
 import os
 import re
 import subprocess
 import tempfile
 import warnings
+import zlib
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -27,7 +37,7 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 
 
 def ptxas_info(autotuner, signature, constexprs, config):
-    """``(registers, spill store bytes, shared bytes)`` of one config."""
+    """``(registers, spill store bytes, shared bytes, PTX hash, zlib KB of PTX + TTIR)`` of one config."""
     fn = autotuner.fn
     constexprs = {**constexprs, **config.kwargs}
     src = triton.compiler.ASTSource(
@@ -42,7 +52,10 @@ def ptxas_info(autotuner, signature, constexprs, config):
     os.unlink(f.name)
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spills = int(re.search(r"(\d+) bytes spill stores", out).group(1))
-    return regs, spills, compiled.metadata.shared
+    code = re.sub(r"^\s*//.*$|^\s*\.loc.*$|^\s*\.file.*$", "", compiled.asm["ptx"], flags=re.M)
+    ptx_hash = hashlib.sha1(code.encode()).hexdigest()[:8]
+    packed_kb = len(zlib.compress((compiled.asm["ptx"] + compiled.asm["ttir"]).encode())) / 1024
+    return regs, spills, compiled.metadata.shared, ptx_hash, packed_kb
 
 
 def main():
@@ -74,16 +87,16 @@ def main():
                                    dict(**heads, BC=BC, MERGE="columns", **flags)),
     }
     print(f"triton {triton.__version__}, sm_90a, bf16, K=V={a.K}, H={a.H}, Hg={a.Hg}, varlen={a.varlen}")
-    print("| kernel | config | registers | spill stores (B) | shared (B) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| kernel | config | registers | spill stores (B) | shared (B) | PTX | PTX+TTIR zlib (KB) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, (kernel, signature, constexprs) in kernels.items():
         if a.only not in name:
             continue
         for config in kernel.configs:
-            regs, spills, shared = ptxas_info(kernel, signature, constexprs, config)
+            regs, spills, shared, ptx_hash, packed_kb = ptxas_info(kernel, signature, constexprs, config)
             cfg = ", ".join([*(f"{k}={v}" for k, v in config.kwargs.items()),
                              f"warps={config.num_warps}", f"stages={config.num_stages}"])
-            print(f"| {name} | {cfg} | {regs} | {spills} | {shared} |", flush=True)
+            print(f"| {name} | {cfg} | {regs} | {spills} | {shared} | {ptx_hash} | {packed_kb:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
