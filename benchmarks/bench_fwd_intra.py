@@ -237,7 +237,6 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             for name in VARIANTS:
                 row[f"torch_{name}_do_bench_ms"] = do_bench(path="seed", kkt_kernel=kernel_variant(name))
             row["torch_split_do_bench_ms"] = do_bench(path="split")
-            row["torch_split_columns_do_bench_ms"] = do_bench(path="split", merge="columns")
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
             row["split_config"] = str(gdn_fwd_intra_A_kernel.best_config)
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
@@ -268,8 +267,7 @@ def print_table(rows, bw):
                   f"{r['torch_seed_do_bench_ms']:.4f} (again {r['torch_seed_do_bench_again_ms']:.4f}); "
                   + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS)
                   + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; A kernel then w/u "
-                  f"{r['torch_split_do_bench_ms']:.4f} (column merge "
-                  f"{r['torch_split_columns_do_bench_ms']:.4f})")
+                  f"{r['torch_split_do_bench_ms']:.4f}")
     print("| " + " | ".join(h for _, h in TABLE) + " |")
     print("|" + " --- |" * len(TABLE))
     for r in rows:

@@ -15,13 +15,12 @@ from .triton_launch import BC, _block, fused_grid, tuned_or_fixed
 
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
-                    *, autotune=True, dot_precision="tf32", path="fused", merge="rows",
+                    *, autotune=True, dot_precision="tf32", path="fused",
                     kkt_kernel=kkt_solve_kernel):
     """``fwd_intra`` on torch tensors: ``path="fused"`` the one-kernel path,
     ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
     the one-kernel path's A part as its own kernel, then w/u (a benchmark
-    variant, not a ``gdn_jax.fwd_intra`` path; ``merge="columns"`` its
-    column-by-column block merge).
+    variant, not a ``gdn_jax.fwd_intra`` path).
 
     Shapes and dtypes as :func:`gdn_jax.fwd_intra`; ``cu_seqlens`` and
     ``chunk_indices`` are torch integer tensors (``chunk_indices`` computed
@@ -61,7 +60,7 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     grid = (NT, H, B)  # chunks, value heads, batch rows
     if path == "split":
         first, config = tuned_or_fixed(gdn_fwd_intra_A_kernel, "A", autotune)
-        first[fused_grid(NT, H, B)](k=k, A=A, BC=BC, MERGE=merge, **common, **config)
+        first[fused_grid(NT, H, B)](k=k, A=A, BC=BC, **common, **config)
     else:
         kkt, config = tuned_or_fixed(kkt_kernel, "kkt_solve", autotune)
         kkt[grid](k=k, A=A, BC=BC, **common, **config)

@@ -191,79 +191,6 @@ def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K:
     store_row_block(A, T, BT, H * BT, i_tc3, 0, b_Ai30, b_Ai31, b_Ai32, b_Ai33, BC, BC)
 
 
-@triton.jit
-def gated_gram(k, g, beta, T, K: tl.constexpr, Hg: tl.constexpr, H: tl.constexpr, r0, c0,
-               BC: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr):
-    """One 16x16 block of L before the triangle mask: ``beta_i <k_i, k_j>
-    safe_exp(g_i - g_j)`` for rows ``r0 ..`` and columns ``c0 ..``."""
-    b_A = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_r = tl.load(tile_ptr(k, T, K, Hg * K, r0, i_k * BK, BC, BK), boundary_check=(0, 1))
-        b_c = tl.load(tile_ptr(k, T, K, Hg * K, c0, i_k * BK, BC, BK), boundary_check=(0, 1))
-        b_A = tl.dot(b_r, tl.trans(b_c), b_A)
-    g_r = tl.zeros([BC], dtype=tl.float32)
-    g_c = g_r
-    if USE_G:
-        g_r = load_rows(g, T, H, r0, BC)
-        g_c = load_rows(g, T, H, c0, BC)
-    return gate(b_A, g_r, g_c, load_rows(beta, T, H, r0, BC), USE_G)
-
-
-@triton.jit
-def store_chunk_A_by_columns(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr,
-                             K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                             BK: tl.constexpr, USE_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """:func:`store_chunk_A` with fewer blocks alive at once (an experiment
-    against the register ceiling): the merge runs column by column, each
-    block of L is rebuilt from k where it is needed (14 small grams instead
-    of 10), and each block of the inverse is stored once final."""
-    o_i = tl.arange(0, BC)
-    m_d = o_i[:, None] > o_i[None, :]
-    r1 = i_tc0 + BC
-    r2 = i_tc0 + 2 * BC
-    r3 = i_tc0 + 3 * BC
-    b_Ai00 = unit_lower_inverse(
-        tl.where(m_d, gated_gram(k, g, beta, T, K, Hg, H, i_tc0, i_tc0, BC, BK, USE_G), 0.0), BC)
-    b_Ai11 = unit_lower_inverse(
-        tl.where(m_d, gated_gram(k, g, beta, T, K, Hg, H, r1, r1, BC, BK, USE_G), 0.0), BC)
-    b_Ai22 = unit_lower_inverse(
-        tl.where(m_d, gated_gram(k, g, beta, T, K, Hg, H, r2, r2, BC, BK, USE_G), 0.0), BC)
-    b_Ai33 = unit_lower_inverse(
-        tl.where(m_d, gated_gram(k, g, beta, T, K, Hg, H, r3, r3, BC, BK, USE_G), 0.0), BC)
-    b_0 = tl.zeros([BC, BC], dtype=tl.float32)
-    store_row_block(A, T, BT, H * BT, i_tc0, 0, b_Ai00, b_0, b_0, b_0, BC, BC)
-    # Column 0.
-    b_Ai10 = -tl.dot(tl.dot(b_Ai11, gated_gram(k, g, beta, T, K, Hg, H, r1, i_tc0, BC, BK, USE_G),
-                            input_precision=DOT_PRECISION), b_Ai00, input_precision=DOT_PRECISION)
-    b_s = tl.dot(gated_gram(k, g, beta, T, K, Hg, H, r2, i_tc0, BC, BK, USE_G), b_Ai00,
-                 input_precision=DOT_PRECISION)
-    b_s = tl.dot(gated_gram(k, g, beta, T, K, Hg, H, r2, r1, BC, BK, USE_G), b_Ai10, b_s,
-                 input_precision=DOT_PRECISION)
-    b_Ai20 = -tl.dot(b_Ai22, b_s, input_precision=DOT_PRECISION)
-    b_s = tl.dot(gated_gram(k, g, beta, T, K, Hg, H, r3, i_tc0, BC, BK, USE_G), b_Ai00,
-                 input_precision=DOT_PRECISION)
-    b_s = tl.dot(gated_gram(k, g, beta, T, K, Hg, H, r3, r1, BC, BK, USE_G), b_Ai10, b_s,
-                 input_precision=DOT_PRECISION)
-    b_s = tl.dot(gated_gram(k, g, beta, T, K, Hg, H, r3, r2, BC, BK, USE_G), b_Ai20, b_s,
-                 input_precision=DOT_PRECISION)
-    b_Ai30 = -tl.dot(b_Ai33, b_s, input_precision=DOT_PRECISION)
-    # Column 1.
-    b_Ai21 = -tl.dot(tl.dot(b_Ai22, gated_gram(k, g, beta, T, K, Hg, H, r2, r1, BC, BK, USE_G),
-                            input_precision=DOT_PRECISION), b_Ai11, input_precision=DOT_PRECISION)
-    store_row_block(A, T, BT, H * BT, r1, 0, b_Ai10, b_Ai11, b_0, b_0, BC, BC)
-    b_s = tl.dot(gated_gram(k, g, beta, T, K, Hg, H, r3, r1, BC, BK, USE_G), b_Ai11,
-                 input_precision=DOT_PRECISION)
-    b_s = tl.dot(gated_gram(k, g, beta, T, K, Hg, H, r3, r2, BC, BK, USE_G), b_Ai21, b_s,
-                 input_precision=DOT_PRECISION)
-    b_Ai31 = -tl.dot(b_Ai33, b_s, input_precision=DOT_PRECISION)
-    # Column 2.
-    b_Ai32 = -tl.dot(tl.dot(b_Ai33, gated_gram(k, g, beta, T, K, Hg, H, r3, r2, BC, BK, USE_G),
-                            input_precision=DOT_PRECISION), b_Ai22, input_precision=DOT_PRECISION)
-    store_row_block(A, T, BT, H * BT, r2, 0, b_Ai20, b_Ai21, b_Ai22, b_0, BC, BC)
-    store_row_block(A, T, BT, H * BT, r3, 0, b_Ai30, b_Ai31, b_Ai32, b_Ai33, BC, BC)
-
-
-
 @triton.autotune(
     configs=[
         # BK=32 halves the k tiles: ptxas (scripts/ptxas_report.py) then reports
@@ -357,7 +284,6 @@ def gdn_fwd_intra_A_kernel(
     USE_G: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    MERGE: tl.constexpr,
 ):
     i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= T:
@@ -366,8 +292,4 @@ def gdn_fwd_intra_A_kernel(
     g += bos * H + i_h
     beta += bos * H + i_h
     A += (bos * H + i_h) * BT
-    if MERGE == "columns":  # experiment: fewer live blocks (benchmarks/NOTES.md)
-        store_chunk_A_by_columns(k, g, beta, A, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G,
-                                 DOT_PRECISION)
-    else:
-        store_chunk_A(k, g, beta, A, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    store_chunk_A(k, g, beta, A, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)

@@ -82,9 +82,7 @@ def main():
                                      dict(**heads, V=a.K, BC=BC, BV=_block(a.K), **flags)),
         "A kernel (split variant)": (gdn_fwd_intra_A_kernel,
                                      dict(k=bf, g=f32, beta=f32, **runtime, A=bf),
-                                     dict(**heads, BC=BC, MERGE="rows", **flags)),
-        "A kernel, column merge": (gdn_fwd_intra_A_kernel, dict(k=bf, g=f32, beta=f32, **runtime, A=bf),
-                                   dict(**heads, BC=BC, MERGE="columns", **flags)),
+                                     dict(**heads, BC=BC, **flags)),
     }
     print(f"triton {triton.__version__}, sm_90a, bf16, K=V={a.K}, H={a.H}, Hg={a.Hg}, varlen={a.varlen}")
     print("| kernel | config | registers | spill stores (B) | shared (B) | PTX | PTX+TTIR zlib (KB) |")

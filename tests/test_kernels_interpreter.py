@@ -31,8 +31,7 @@ def to_torch(x, dtype):
 
 # The seed's two kernels, the one-kernel path, and its A kernel then w/u (a
 # benchmark variant).
-PATHS = {"seed": dict(path="seed"), "one-kernel": dict(path="fused"), "split": dict(path="split"),
-         "split-columns": dict(path="split", merge="columns")}
+PATHS = {"seed": dict(path="seed"), "one-kernel": dict(path="fused"), "split": dict(path="split")}
 
 
 def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0, path=None):
