@@ -92,6 +92,18 @@ def wall_median(fn, sync, n_inner=20, reps=7, warmup=3, enqueue=None):
     return statistics.median(times)
 
 
+def jax_dispatch_ms():
+    """Host ms per call of a jitted one-op function on 8 floats: JAX's own
+    dispatch cost on this host, the base under the enqueue columns."""
+    f = jax.jit(lambda x: x + 1)
+    x = jnp.ones(8)
+    out = [x]
+    enqueue = []
+    wall_median(lambda: out.__setitem__(0, f(x)), lambda: jax.block_until_ready(out[0]),
+                n_inner=200, enqueue=enqueue)
+    return enqueue[0]
+
+
 def make_inputs(B, T, Hg, H, K, V, seed=0):
     key = jax.random.split(jax.random.key(seed), 4)
     k = jax.random.normal(key[0], (B, T, Hg, K), jnp.float32)
@@ -293,7 +305,8 @@ def main():
         os.environ["GDN_JAX_AUTOTUNE"] = "0"
     with_torch = importlib.util.find_spec("torch") is not None
     bw = copy_bandwidth() if with_torch else 4.19e12
-    versions = dict(jax=jax.__version__, device=jax.devices()[0].device_kind)
+    versions = dict(jax=jax.__version__, device=jax.devices()[0].device_kind,
+                    jax_trivial_dispatch_ms=jax_dispatch_ms())
     try:
         import jax_triton
         import triton
