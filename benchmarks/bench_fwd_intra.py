@@ -72,10 +72,10 @@ def plot_sweep(rows, path):
     fig.savefig(path, dpi=120)
 
 
-def wall_median(fn, sync, n_inner=20, reps=7, warmup=3, enqueue=None):
-    """Median ms per call of ``n_inner`` back-to-back calls then ``sync``.
-    ``enqueue``, a list, gets the median host ms per call spent before the
-    sync: near the wall time, the host (dispatch), not the GPU, sets the pace."""
+def timed(fn, sync, n_inner=20, reps=7, warmup=3):
+    """``(wall, enqueue)``: median ms per call of ``n_inner`` back-to-back
+    calls then ``sync``, and median host ms per call spent before the sync
+    (near the wall time, the host's dispatch, not the GPU, sets the pace)."""
     for _ in range(warmup):
         fn()
     sync()
@@ -87,9 +87,12 @@ def wall_median(fn, sync, n_inner=20, reps=7, warmup=3, enqueue=None):
         queued.append((time.perf_counter() - t0) / n_inner * 1e3)
         sync()
         times.append((time.perf_counter() - t0) / n_inner * 1e3)
-    if enqueue is not None:
-        enqueue.append(statistics.median(queued))
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(queued)
+
+
+def wall_median(fn, sync, **kw):
+    """Median ms per call (:func:`timed`'s wall time)."""
+    return timed(fn, sync, **kw)[0]
 
 
 def jax_dispatch_ms():
@@ -98,10 +101,8 @@ def jax_dispatch_ms():
     f = jax.jit(lambda x: x + 1)
     x = jnp.ones(8)
     out = [x]
-    enqueue = []
-    wall_median(lambda: out.__setitem__(0, f(x)), lambda: jax.block_until_ready(out[0]),
-                n_inner=200, enqueue=enqueue)
-    return enqueue[0]
+    return timed(lambda: out.__setitem__(0, f(x)), lambda: jax.block_until_ready(out[0]),
+                 n_inner=200)[1]
 
 
 def make_inputs(B, T, Hg, H, K, V, seed=0):
@@ -198,9 +199,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         def call():
             out[0] = f(k, v, g, beta, cu)
 
-        enqueue = []
-        ms = wall_median(call, lambda: jax.block_until_ready(out[0]), enqueue=enqueue)
-        row[f"{impl}_enqueue_ms"] = enqueue[0]
+        ms, row[f"{impl}_enqueue_ms"] = timed(call, lambda: jax.block_until_ready(out[0]))
         return ms
 
     if with_jax:
@@ -236,10 +235,8 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             return triton.testing.do_bench(tcall(**kw), warmup=50, rep=300, return_mode="median")
 
         for path in ("seed", "fused"):
-            enqueue = []
-            row[f"torch_{path}_ms"] = wall_median(tcall(path=path), torch.cuda.synchronize,
-                                                  enqueue=enqueue)
-            row[f"torch_{path}_enqueue_ms"] = enqueue[0]
+            row[f"torch_{path}_ms"], row[f"torch_{path}_enqueue_ms"] = timed(
+                tcall(path=path), torch.cuda.synchronize)
             row[f"torch_{path}_do_bench_ms"] = do_bench(path=path)
         if autotune:
             row["seed_configs"] = [str(kern.best_config) for kern in (kkt_solve_kernel, recompute_w_u_fwd_kernel)]
