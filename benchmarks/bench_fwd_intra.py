@@ -3,7 +3,7 @@ jax.jit (the one-kernel path ``impl="triton"`` and the seed's two kernels
 ``impl="seed"``), the same kernels launched from torch, the jnp reference under
 jax.jit, and the bandwidth floor (bytes that must move / measured copy bandwidth).
 
-    python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants]
+    python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants [NAME,...]]
 
 Every column is the median over repeated timed runs after warm-up, on random
 inputs. JAX and torch are timed the same way: wall clock around N back-to-back
@@ -151,39 +151,58 @@ def _replace(*pairs):
     return change
 
 
-def _neumann_diagonal(src: str) -> str:
-    """kkt_solve.py with the one-kernel path's diagonal inverse (products of
-    powers) in place of the four forward-substitution loops."""
-    start, end = src.index("    b_Ai00 = -b_A00\n"), src.index("    b_Ai33 += m_I\n") + len("    b_Ai33 += m_I\n")
-    calls = "".join(f"    b_Ai{i}{i} = unit_lower_inverse(b_A{i}{i}, BC)\n" for i in range(4))
-    src = src[:start] + calls + src[end:]
-    return src.replace("from .safe_exp import safe_exp", "from .safe_exp import safe_exp\n"
-                       "from .fused_intra import unit_lower_inverse")
+def _diagonal_blocks(call: str):
+    """A change of kkt_solve.py: its four forward-substitution loops replaced
+    by ``call`` (a helper of ``kernels/unit_lower.py``)."""
+    def change(src: str) -> str:
+        start = src.index("    b_Ai00 = -b_A00\n")
+        end = src.index("    b_Ai33 += m_I\n") + len("    b_Ai33 += m_I\n")
+        name = call.split("(")[0].split()[-1]
+        src = src[:start] + call + src[end:]
+        return src.replace("from .safe_exp import safe_exp",
+                           f"from .safe_exp import safe_exp\nfrom .unit_lower import {name}")
+    return change
 
 
-VARIANTS = {  # name: change of kernels/kkt_solve.py's source
+_NEUMANN = "".join(f"    b_Ai{i}{i} = unit_lower_inverse(b_A{i}{i}, BC)\n" for i in range(4))
+_INTERLEAVED = ("    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses(b_A00, b_A11, b_A22, b_A33, BC)\n")
+# the one-kernel path (and the split's A kernel) with the product-of-powers diagonal
+_FUSED_NEUMANN = _replace((_INTERLEAVED, _NEUMANN), ("from .unit_lower import unit_lower_inverses",
+                                                     "from .unit_lower import unit_lower_inverse"))
+
+VARIANTS = {  # name: (kernel file, change of its source, torch path timed)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
-    "seed_loop_bound": _replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
-                                  for i in range(4)]),
+    "seed_loop_bound": ("kkt_solve", _replace(*[("for i in range(2, BC):",
+                                                  f"for i in range(2, min(BC, T - i_tc{i})):")
+                                                 for i in range(4)]), "seed"),
     # the seed's int32 sequence offsets (wrong past 2^31 elements)
-    "int32_offsets": _replace(*[(".to(tl.int64)", ".to(tl.int32)")] * 2,
-                              *[("i_b.to(tl.int64) * T", "i_b * T")] * 2),
+    "int32_offsets": ("kkt_solve", _replace(*[(".to(tl.int64)", ".to(tl.int32)")] * 2,
+                                            *[("i_b.to(tl.int64) * T", "i_b * T")] * 2), "seed"),
     # the diagonal blocks inverted as in the one-kernel path
-    "seed_neumann": _neumann_diagonal,
+    "seed_neumann": ("kkt_solve", _diagonal_blocks(_NEUMANN), "seed"),
+    # the four substitution loops as one (four independent chains per step)
+    "seed_interleaved": ("kkt_solve", _diagonal_blocks(_INTERLEAVED), "seed"),
+    "fused_neumann": ("fused_intra", _FUSED_NEUMANN, "fused"),
+    "split_neumann": ("fused_intra", _FUSED_NEUMANN, "split"),
 }
+A_KERNELS = {"seed": ("kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"),
+             "fused": ("fused_intra", "gdn_fwd_intra_fused_kernel"),
+             "split": ("fused_intra", "gdn_fwd_intra_A_kernel")}
 
 
 def kernel_variant(name):
-    """kernels/kkt_solve.py with one change (VARIANTS), as a fresh module."""
-    from gdn_jax.kernels import kkt_solve
+    """``(path, kernel)``: the kernel that builds A on torch path ``path``,
+    from its kernels/ file with one change (VARIANTS), as a fresh module."""
+    import gdn_jax.kernels
 
-    src = VARIANTS[name](pathlib.Path(kkt_solve.__file__).read_text())
-    path = pathlib.Path(tempfile.mkdtemp()) / f"kkt_solve_{name}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"gdn_jax.kernels.kkt_solve_{name}", path)
+    file, change, path = VARIANTS[name]
+    src = change((pathlib.Path(gdn_jax.kernels.__file__).parent / f"{file}.py").read_text())
+    tmp = pathlib.Path(tempfile.mkdtemp()) / f"{file}_{name}.py"
+    tmp.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"gdn_jax.kernels.{file}_{name}", tmp)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.chunk_gated_delta_rule_fwd_kkt_solve_kernel
+    return path, getattr(mod, A_KERNELS[path][1])
 
 
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants,
@@ -243,11 +262,15 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         row["fused_config"] = (str(gdn_fwd_intra_fused_kernel.best_config) if autotune
                                else f"fixed {UNTUNED['fused']}")
         if variants:
-            for name in VARIANTS:
-                row[f"torch_{name}_do_bench_ms"] = do_bench(path="seed", kkt_kernel=kernel_variant(name))
+            for name in variants:
+                path, kernel = kernel_variant(name)
+                row[f"torch_{name}_do_bench_ms"] = do_bench(path=path, A_kernel=kernel)
+                if autotune:
+                    row[f"{name}_config"] = str(kernel.best_config)
             row["torch_split_do_bench_ms"] = do_bench(path="split")
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
-            row["split_config"] = str(gdn_fwd_intra_A_kernel.best_config)
+            if autotune:
+                row["split_config"] = str(gdn_fwd_intra_A_kernel.best_config)
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     for path in ("seed", "fused"):
         if f"torch_{path}_ms" in row and f"{path}_ms" in row:
@@ -274,7 +297,8 @@ def print_table(rows, bw):
         if "torch_seed_do_bench_again_ms" in r:
             print(f"{r['shape']} variants, torch do_bench median ms: seed as shipped "
                   f"{r['torch_seed_do_bench_ms']:.4f} (again {r['torch_seed_do_bench_again_ms']:.4f}); "
-                  + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS)
+                  + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS
+                              if f"torch_{n}_do_bench_ms" in r)
                   + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; A kernel then w/u "
                   f"{r['torch_split_do_bench_ms']:.4f}")
     print("| " + " | ".join(h for _, h in TABLE) + " |")
@@ -295,8 +319,9 @@ def main():
                         "launch cost alone, without the two autotuners' choices")
     p.add_argument("--torch-only", action="store_true",
                    help="time the torch launches only (quick kernel comparisons)")
-    p.add_argument("--variants", action="store_true",
-                   help="also time kernel variants with one change undone (headline shape)")
+    p.add_argument("--variants", nargs="?", const=",".join(VARIANTS), default="",
+                   help="also time these kernel variants (default all of VARIANTS: one change "
+                        "each) at the headline shape")
     args = p.parse_args()
     if args.fixed_config:
         os.environ["GDN_JAX_AUTOTUNE"] = "0"
@@ -316,7 +341,8 @@ def main():
     for name in names:
         rows.append(bench_shape(name, *SHAPES[name], bw, with_torch,
                                 not (args.no_reference or args.torch_only),
-                                args.variants and name == "headline", not args.torch_only))
+                                [v for v in args.variants.split(",") if v] if name == "headline" else [],
+                                not args.torch_only))
         print(json.dumps(rows[-1]), flush=True)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

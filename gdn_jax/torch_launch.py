@@ -16,7 +16,7 @@ from .triton_launch import BC, _block, fused_grid, tuned_or_fixed
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                     *, autotune=True, dot_precision="tf32", path="fused",
-                    kkt_kernel=kkt_solve_kernel):
+                    A_kernel=None):
     """``fwd_intra`` on torch tensors: ``path="fused"`` the one-kernel path,
     ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
     the one-kernel path's A part as its own kernel, then w/u (a benchmark
@@ -26,7 +26,8 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     ``chunk_indices`` are torch integer tensors (``chunk_indices`` computed
     from ``cu_seqlens`` when omitted). ``autotune=False`` calls the inner
     ``JITFunction`` with a fixed config, which the interpreter needs.
-    ``kkt_kernel`` replaces the seed path's first kernel (benchmarks of variants).
+    ``A_kernel`` replaces the path's kernel that builds ``A`` (kkt_solve, the
+    one kernel, or the split's A kernel; benchmarks of variants).
     """
     import torch
 
@@ -53,16 +54,16 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         USE_G=g is not None, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
     )
     if path == "fused":
-        fused, config = tuned_or_fixed(gdn_fwd_intra_fused_kernel, "fused", autotune)
+        fused, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_fused_kernel, "fused", autotune)
         fused[fused_grid(NT, H, B)](k=k, v=v, w=w, u=u, A=A, V=V, BC=BC, BV=_block(V),
                                     **common, **config)
         return w, u, A
     grid = (NT, H, B)  # chunks, value heads, batch rows
     if path == "split":
-        first, config = tuned_or_fixed(gdn_fwd_intra_A_kernel, "A", autotune)
+        first, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_A_kernel, "A", autotune)
         first[fused_grid(NT, H, B)](k=k, A=A, BC=BC, **common, **config)
     else:
-        kkt, config = tuned_or_fixed(kkt_kernel, "kkt_solve", autotune)
+        kkt, config = tuned_or_fixed(A_kernel or kkt_solve_kernel, "kkt_solve", autotune)
         kkt[grid](k=k, A=A, BC=BC, **common, **config)
     wu, config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", autotune)
     wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V), **common, **config)

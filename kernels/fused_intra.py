@@ -9,7 +9,8 @@ The math is SPEC.md's, the block structure the seed's:
 
 - ``L`` in 16x16 blocks from ``k k^T`` (all ten lower blocks at once, one pass
   over ``K``), gated by ``safe_exp(g_i - g_j)`` and scaled by ``beta_i``;
-- the four diagonal blocks inverted by a product of powers (:func:`unit_lower_inverse`);
+- the four diagonal blocks inverted by the seed's forward substitution, the
+  four blocks' steps in one loop (``unit_lower.unit_lower_inverses``);
 - the seed's block merge for the six blocks below the diagonal;
 - ``A`` stored whole (the six upper blocks as zeros, so the launcher need not
   zero-fill it), then read back as one 64x64 tile from L2 for ``u`` and ``w``.
@@ -24,6 +25,7 @@ import triton.language as tl
 
 from .safe_exp import safe_exp
 from .tiles import load_rows, store_A_times, tile_ptr
+from .unit_lower import unit_lower_inverses
 
 
 @triton.jit
@@ -32,28 +34,6 @@ def gate(b_A, g_r, g_c, beta_r, USE_G: tl.constexpr):
     if USE_G:
         b_A *= safe_exp(g_r[:, None] - g_c[None, :])
     return b_A * beta_r[:, None]
-
-
-@triton.jit
-def unit_lower_inverse(b_N, BC: tl.constexpr):
-    """``(I + N)^-1`` of a strictly lower triangular ``[16, 16]`` float32 block.
-
-    ``N`` is nilpotent (``N^16 = 0``), so ``(I + N)^-1 = (I - N)(I + N^2)(I +
-    N^4)(I + N^8)``: six small dots instead of the seed's 14 dependent steps of
-    forward substitution (measured on the H200 inside this kernel: 0.76 ms
-    against 1.05 ms at the headline shape). The dots are float32 ("ieee"):
-    with tf32 the inverse lost up to 4e-3 on correlated keys, in float32 it
-    matches the substitution's error against float64 (checked in NumPy).
-    """
-    o_i = tl.arange(0, BC)
-    m_I = (o_i[:, None] == o_i[None, :]).to(tl.float32)
-    b_N2 = tl.dot(b_N, b_N, input_precision="ieee")
-    b_N4 = tl.dot(b_N2, b_N2, input_precision="ieee")
-    b_N8 = tl.dot(b_N4, b_N4, input_precision="ieee")
-    b_P = tl.dot(m_I - b_N, m_I + b_N2, input_precision="ieee")
-    b_P = tl.dot(b_P, m_I + b_N4, input_precision="ieee")
-    b_Ai = b_P + tl.dot(b_P, b_N8, input_precision="ieee")
-    return b_Ai
 
 
 @triton.jit
@@ -154,10 +134,7 @@ def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K:
     b_A32 = gate(b_A32, b_g3, b_g2, b_b3, USE_G)
 
     # Diagonal blocks of (I + L)^-1, then the seed's block merge below them.
-    b_Ai00 = unit_lower_inverse(b_A00, BC)
-    b_Ai11 = unit_lower_inverse(b_A11, BC)
-    b_Ai22 = unit_lower_inverse(b_A22, BC)
-    b_Ai33 = unit_lower_inverse(b_A33, BC)
+    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses(b_A00, b_A11, b_A22, b_A33, BC)
     b_Ai10 = -tl.dot(tl.dot(b_Ai11, b_A10, input_precision=DOT_PRECISION), b_Ai00,
                      input_precision=DOT_PRECISION)
     b_Ai21 = -tl.dot(tl.dot(b_Ai22, b_A21, input_precision=DOT_PRECISION), b_Ai11,
@@ -256,8 +233,9 @@ def gdn_fwd_intra_fused_kernel(
     store_A_times(b_A, k, w, b_beta, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)
 
 # The A part alone, on the same head-fastest grid: with recompute_w_u.py after
-# it, a two-kernel split of the one-kernel path, where each kernel runs at its
-# own best occupancy (benchmarked as a variant, not yet a public path).
+# it, the split path (``impl="split"``), where each kernel runs at its own best
+# occupancy: the A builder at 1 warp, w/u at 4 (0.548 ms at the headline shape
+# against the seed's 0.661 and the one kernel's 0.697, H200, torch do_bench).
 @triton.autotune(
     configs=[
         triton.Config({"BK": BK}, num_warps=num_warps)

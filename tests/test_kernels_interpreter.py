@@ -78,9 +78,11 @@ def test_varlen(cu, dtype, path, record_errors):
                   check_against_numpy(outs, ref, dtype, 1, cu[-1], cu, tol=tol))
 
 
-def test_benchmark_kernel_variant_seed_neumann(record_errors):
-    """The benchmark's kkt_solve variant with the one-kernel path's diagonal
-    inverse computes the same function (the other variants undo
+@pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
+                                  "split_neumann"])
+def test_benchmark_kernel_variant(name, record_errors):
+    """The benchmark's kernel variants that change how the diagonal blocks are
+    inverted compute the same function (the other variants undo
     interpreter-safe changes and cannot run here)."""
     import importlib.util
     import pathlib
@@ -89,12 +91,12 @@ def test_benchmark_kernel_variant_seed_neumann(record_errors):
     spec = importlib.util.spec_from_file_location("bench_fwd_intra", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    variant = bench.kernel_variant("seed_neumann")
+    launch_path, kernel = bench.kernel_variant(name)
     cu = [0, 1, 1, 64, 130]
     outs, ref = run("float32", 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=3,
-                    path=dict(path="seed", kkt_kernel=variant))
+                    path=dict(path=launch_path, A_kernel=kernel))
     tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5}
-    record_errors("interpreter seed_neumann", "float32",
+    record_errors(f"interpreter {name}", "float32",
                   check_against_numpy(outs, ref, "float32", 1, cu[-1], cu, tol=tol))
 
 

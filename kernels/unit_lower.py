@@ -1,0 +1,59 @@
+"""``@triton.jit`` inverses of unit lower-triangular ``[16, 16]`` float32 blocks
+``I + N`` (``N`` strictly lower triangular): the diagonal blocks of ``A``."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def unit_lower_inverse(b_N, BC: tl.constexpr):
+    """``(I + N)^-1`` of a strictly lower triangular ``[16, 16]`` float32 block.
+
+    ``N`` is nilpotent (``N^16 = 0``), so ``(I + N)^-1 = (I - N)(I + N^2)(I +
+    N^4)(I + N^8)``: six small dots instead of the seed's 14 dependent steps of
+    forward substitution (measured on the H200 inside the one-kernel path:
+    0.76 ms against 1.05 ms at the headline shape). The dots are float32
+    ("ieee"): with tf32 the inverse lost up to 4e-3 on correlated keys, in
+    float32 it matches the substitution's error against float64 (checked in NumPy).
+    """
+    o_i = tl.arange(0, BC)
+    m_I = (o_i[:, None] == o_i[None, :]).to(tl.float32)
+    b_N2 = tl.dot(b_N, b_N, input_precision="ieee")
+    b_N4 = tl.dot(b_N2, b_N2, input_precision="ieee")
+    b_N8 = tl.dot(b_N4, b_N4, input_precision="ieee")
+    b_P = tl.dot(m_I - b_N, m_I + b_N2, input_precision="ieee")
+    b_P = tl.dot(b_P, m_I + b_N4, input_precision="ieee")
+    b_Ai = b_P + tl.dot(b_P, b_N8, input_precision="ieee")
+    return b_Ai
+
+
+@triton.jit
+def substitute_row(b_Ai, o_i, i):
+    """Step ``i`` of the seed's forward substitution on ``b_Ai``, which holds
+    ``(I + N)^-1 - I`` in its rows above ``i`` and ``-N`` from row ``i`` on:
+    row ``i`` becomes ``a + a @ b_Ai`` with ``a = -N[i]`` (zero from column ``i``)."""
+    b_a = tl.sum(tl.where((o_i == i)[:, None], b_Ai, 0.0), 0)
+    b_a = b_a + tl.sum(b_a[:, None] * b_Ai, 0)
+    return tl.where((o_i == i)[:, None], b_a, b_Ai)
+
+
+@triton.jit
+def unit_lower_inverses(b_N0, b_N1, b_N2, b_N3, BC: tl.constexpr):
+    """``(I + N)^-1`` of four strictly lower triangular ``[16, 16]`` float32
+    blocks, by the seed's forward substitution (exact float32 arithmetic, no
+    dots) with the four blocks' steps in one loop: four independent chains
+    that the compiler can interleave, where the seed runs four loops one
+    after the other (14 dependent steps each, latency-bound at 1 warp). Row
+    ``i`` of ``-N`` is read from the row of the result it becomes, so the
+    ``N`` blocks need not stay alive."""
+    o_i = tl.arange(0, BC)
+    b_Ai0 = -b_N0
+    b_Ai1 = -b_N1
+    b_Ai2 = -b_N2
+    b_Ai3 = -b_N3
+    for i in range(2, BC):
+        b_Ai0 = substitute_row(b_Ai0, o_i, i)
+        b_Ai1 = substitute_row(b_Ai1, o_i, i)
+        b_Ai2 = substitute_row(b_Ai2, o_i, i)
+        b_Ai3 = substitute_row(b_Ai3, o_i, i)
+    m_I = (o_i[:, None] == o_i[None, :]).to(tl.float32)
+    return b_Ai0 + m_I, b_Ai1 + m_I, b_Ai2 + m_I, b_Ai3 + m_I
