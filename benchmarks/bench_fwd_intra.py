@@ -1,6 +1,7 @@
 """Benchmark of fwd_intra on the GPU machine: the gdn_jax Triton paths under
-jax.jit (the one-kernel path ``impl="triton"`` and the seed's two kernels
-``impl="seed"``), the same kernels launched from torch, the jnp reference under
+jax.jit (the one-kernel path ``impl="triton"``, its A kernel then the w/u
+kernel ``impl="split"``, and the seed's two kernels ``impl="seed"``), the same
+kernels launched from torch, the jnp reference under
 jax.jit, and the bandwidth floor (bytes that must move / measured copy bandwidth).
 
     python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants [NAME,...]]
@@ -30,7 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gdn_jax  # noqa: E402
-from gdn_jax.triton_launch import UNTUNED, autotune_enabled  # noqa: E402
+from gdn_jax import autotune  # noqa: E402
 
 SWEEP_T = (1024, 2048, 4096, 8192)  # --sweep: the headline shape at these T, for the chart
 SHAPES = {
@@ -42,8 +43,9 @@ SHAPES = {
     "K256": (2, 4096, 16, 16, 256, 256, None),
     **{f"sweep_T{T}": (8, T, 16, 32, 128, 128, None) for T in SWEEP_T},
 }
-PATHS = {"fused_ms": "gdn_jax one-kernel (jax.jit)", "seed_ms": "gdn_jax seed kernels (jax.jit)",
-         "torch_seed_ms": "seed kernels, torch launch",
+IMPLS = {"fused": "triton", "split": "split", "seed": "seed"}  # column: gdn_jax impl
+PATHS = {"split_ms": "gdn_jax split (jax.jit)", "fused_ms": "gdn_jax one-kernel (jax.jit)",
+         "seed_ms": "gdn_jax seed kernels (jax.jit)", "torch_seed_ms": "seed kernels, torch launch",
          "jnp_reference_ms": "jnp reference (jax.jit)", "floor_ms": "bandwidth floor"}
 
 
@@ -222,8 +224,10 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         return ms
 
     if with_jax:
-        row["fused_ms"] = jax_time("triton")
-        row["seed_ms"] = jax_time("seed")
+        chosen = set(autotune._CHOSEN)
+        for col, impl in IMPLS.items():
+            row[f"{col}_ms"] = jax_time(impl)
+        row["jax_configs"] = {key[0]: cfg for key, cfg in autotune._CHOSEN.items() if key not in chosen}
     if with_reference:
         row["jnp_reference_ms"] = jax_time("reference")
     if with_torch:
@@ -244,49 +248,49 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         tcu = None if cu is None else torch.from_dlpack(cu)
         ci = None if cu is None else torch.from_dlpack(gdn_jax.prepare_chunk_indices(cu))
 
-        autotune = autotune_enabled()  # GDN_JAX_AUTOTUNE=0 (--fixed-config): no autotuner on either side
+        tune = autotune.autotune_enabled()  # GDN_JAX_AUTOTUNE=0 (--fixed-config): no autotuner on either side
 
         def tcall(**kw):
             return lambda: fwd_intra_torch(tk, tv, tg, tb, cu_seqlens=tcu, chunk_indices=ci,
-                                           autotune=autotune, **kw)
+                                           autotune=tune, **kw)
 
         def do_bench(**kw):
             return triton.testing.do_bench(tcall(**kw), warmup=50, rep=300, return_mode="median")
 
-        for path in ("seed", "fused"):
-            row[f"torch_{path}_ms"], row[f"torch_{path}_enqueue_ms"] = timed(
-                tcall(path=path), torch.cuda.synchronize)
-            row[f"torch_{path}_do_bench_ms"] = do_bench(path=path)
-        if autotune:
-            row["seed_configs"] = [str(kern.best_config) for kern in (kkt_solve_kernel, recompute_w_u_fwd_kernel)]
-        row["fused_config"] = (str(gdn_fwd_intra_fused_kernel.best_config) if autotune
-                               else f"fixed {UNTUNED['fused']}")
+        for col in IMPLS:  # the torch launcher's path names are the columns'
+            row[f"torch_{col}_ms"], row[f"torch_{col}_enqueue_ms"] = timed(
+                tcall(path=col), torch.cuda.synchronize)
+            row[f"torch_{col}_do_bench_ms"] = do_bench(path=col)
+        if tune:
+            row["torch_configs"] = {
+                name: str(kernel.best_config) for name, kernel in [
+                    ("kkt_solve", kkt_solve_kernel), ("recompute_w_u", recompute_w_u_fwd_kernel),
+                    ("fused", gdn_fwd_intra_fused_kernel), ("A", gdn_fwd_intra_A_kernel)]}
+        for name in variants:
+            path, kernel = kernel_variant(name)
+            row[f"torch_{name}_do_bench_ms"] = do_bench(path=path, A_kernel=kernel)
+            if tune:
+                row[f"{name}_config"] = str(kernel.best_config)
         if variants:
-            for name in variants:
-                path, kernel = kernel_variant(name)
-                row[f"torch_{name}_do_bench_ms"] = do_bench(path=path, A_kernel=kernel)
-                if autotune:
-                    row[f"{name}_config"] = str(kernel.best_config)
-            row["torch_split_do_bench_ms"] = do_bench(path="split")
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
-            if autotune:
-                row["split_config"] = str(gdn_fwd_intra_A_kernel.best_config)
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
-    for path in ("seed", "fused"):
-        if f"torch_{path}_ms" in row and f"{path}_ms" in row:
-            row[f"{path}_jax_over_torch"] = row[f"{path}_ms"] / row[f"torch_{path}_ms"]
+    for col in IMPLS:
+        if f"torch_{col}_ms" in row and f"{col}_ms" in row:
+            row[f"{col}_jax_over_torch"] = row[f"{col}_ms"] / row[f"torch_{col}_ms"]
     if with_jax:
-        row["fused_over_floor"] = row["fused_ms"] / row["floor_ms"]
-        row["fused_over_seed"] = row["fused_ms"] / row["seed_ms"]
+        for col in ("split", "fused"):
+            row[f"{col}_over_floor"] = row[f"{col}_ms"] / row["floor_ms"]
+            row[f"{col}_over_seed"] = row[f"{col}_ms"] / row["seed_ms"]
     return row
 
 
 TABLE = [  # (column, header)
-    ("shape", "shape"), ("fused_ms", "one-kernel"), ("seed_ms", "seed"),
-    ("torch_fused_ms", "torch one-kernel"), ("torch_seed_ms", "torch seed"),
+    ("shape", "shape"), ("split_ms", "split"), ("fused_ms", "one-kernel"), ("seed_ms", "seed"),
+    ("torch_split_ms", "torch split"), ("torch_fused_ms", "torch 1k"), ("torch_seed_ms", "torch seed"),
     ("jnp_reference_ms", "jnp ref"), ("floor_ms", "floor"),
-    ("fused_jax_over_torch", "1k jax/torch"), ("seed_jax_over_torch", "seed jax/torch"),
-    ("fused_over_floor", "1k/floor"), ("fused_over_seed", "1k/seed"),
+    ("split_jax_over_torch", "split jax/torch"), ("fused_jax_over_torch", "1k jax/torch"),
+    ("seed_jax_over_torch", "seed jax/torch"),
+    ("split_over_floor", "split/floor"), ("split_over_seed", "split/seed"), ("fused_over_seed", "1k/seed"),
 ]
 
 
@@ -299,7 +303,7 @@ def print_table(rows, bw):
                   f"{r['torch_seed_do_bench_ms']:.4f} (again {r['torch_seed_do_bench_again_ms']:.4f}); "
                   + "; ".join(f"{n} {r[f'torch_{n}_do_bench_ms']:.4f}" for n in VARIANTS
                               if f"torch_{n}_do_bench_ms" in r)
-                  + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; A kernel then w/u "
+                  + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; split "
                   f"{r['torch_split_do_bench_ms']:.4f}")
     print("| " + " | ".join(h for _, h in TABLE) + " |")
     print("|" + " --- |" * len(TABLE))

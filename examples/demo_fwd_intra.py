@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import gdn_jax
 from gdn_jax.backend import cuda_available, resolve_impl
 
-PATHS = {"triton": "Triton, one-kernel path", "seed": "Triton, the seed's two kernels",
+PATHS = {"triton": "Triton, one-kernel path", "split": "Triton, A kernel then w/u kernel",
+         "seed": "Triton, the seed's two kernels",
          "reference": "jnp reference (no NVIDIA GPU)"}
 
 

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdn_jax.backend import cuda_available, resolve_impl
 from gdn_jax.chunk import chunk_gated_delta_rule
+from gdn_jax.validate import IMPLS
 
 
 def l2_normalize(x, eps=1e-6):
@@ -50,8 +51,8 @@ class GatedDeltaNet(nnx.Module):
       conv_size: causal depthwise conv width.
       dtype: compute dtype of projections and of q, k, v fed to the kernel
         (parameters stay float32; gates, norms in float32).
-      impl: ``fwd_intra`` implementation: ``"auto"``, ``"triton"``, ``"seed"`` or
-        ``"reference"`` (see :func:`gdn_jax.fwd_intra`).
+      impl: ``fwd_intra`` implementation: ``"auto"``, ``"triton"``, ``"split"``,
+        ``"seed"`` or ``"reference"`` (see :func:`gdn_jax.fwd_intra`).
       heads_over: ``(mesh, axis)`` for tensor parallelism: q, k, v, g, beta
         are split over their heads on that mesh axis (``qk_heads`` divisible by
         its size), so each device runs the GDN forward on its heads; None
@@ -114,7 +115,7 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--impl", choices=["auto", "triton", "seed", "reference"], default="auto")
+    p.add_argument("--impl", choices=list(IMPLS), default="auto")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 

@@ -32,7 +32,7 @@ def resolve_impl(op: str, impl: str, *, H: int = 1, Hg: int = 1, varlen: bool = 
     input, :func:`fastest_triton_path`; elsewhere the jnp reference)."""
     if impl == "auto":
         return fastest_triton_path(H, Hg, varlen) if cuda_available() else "reference"
-    if impl in ("triton", "seed") and not cuda_available():
+    if impl in ("triton", "split", "seed") and not cuda_available():
         raise RuntimeError(
             f"{op}: impl={impl!r} needs an NVIDIA GPU as JAX's default backend, but "
             f"JAX runs on {jax.default_backend()!r}; use impl='auto' or impl='reference'"

@@ -106,9 +106,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
       cu_seqlens: ``[N + 1]`` int32 offsets of a packed batch (``B == 1``,
         ``cu[0] == 0``, non-decreasing, ``cu[-1] == T``); may be traced under
         ``jax.jit`` (its values are then not checked).
-      impl: how ``fwd_intra`` runs: ``"auto"`` (the one-kernel Triton path on
-        an NVIDIA GPU, else jnp), ``"triton"``, ``"seed"`` or ``"reference"``
-        (see :func:`gdn_jax.fwd_intra`); static under ``jax.jit``.
+      impl: how ``fwd_intra`` runs: ``"auto"`` (the fastest Triton path on
+        an NVIDIA GPU, else jnp), ``"triton"``, ``"split"``, ``"seed"`` or
+        ``"reference"`` (see :func:`gdn_jax.fwd_intra`); static under ``jax.jit``.
 
     Returns:
       ``(o, final_state)``: ``o [B, T, H, V]`` in v's dtype; ``final_state

@@ -42,7 +42,7 @@ from .triton_launch import fwd_intra_triton
 
 class Static(NamedTuple):
     """What the partitioned op is specialised on (its static argument)."""
-    impl: str  # "triton", "seed" or "reference"
+    impl: str  # "triton", "split", "seed" or "reference"
     chunk_size: int
     use_g: bool  # g given
     varlen: bool  # cu_seqlens and chunk_indices given
@@ -61,7 +61,7 @@ def _per_device(static: Static, *arrays):
         return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
                              chunk_indices=ci)
     return fwd_intra_triton(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
-                            chunk_indices=ci, path="seed" if static.impl == "seed" else "fused")
+                            chunk_indices=ci, path=static.impl)
 
 
 def _axes(spec, dim: int) -> tuple[str, ...]:

@@ -11,7 +11,14 @@ from .chunk_indices import cdiv, prepare_chunk_indices
 from .kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
 from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
 from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
-from .triton_launch import BC, _block, fused_grid, tuned_or_fixed
+from .autotune import UNTUNED
+from .triton_launch import BC, _block, fused_grid
+
+
+def tuned_or_fixed(kernel, name: str, autotune: bool):
+    """``(kernel, config kwargs)``: the autotuned kernel as it is (Triton's own
+    autotuner), or its inner ``JITFunction`` with the fixed config ``UNTUNED[name]``."""
+    return (kernel, {}) if autotune else (kernel.fn, UNTUNED[name])
 
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,

@@ -199,7 +199,8 @@ def test_checkify_traced_cu_seqlens(cu, message):
 
 
 @pytest.mark.parametrize("path,B,H,where", [
-    ("fused", 65536, 1, "batch rows B"),
+    ("triton", 65536, 1, "batch rows B"),
+    ("split", 65536, 1, "batch rows B"),
     ("seed", 65536, 1, "batch rows B"),
     ("seed", 1, 65536, "value heads H"),
 ])
@@ -213,34 +214,3 @@ def test_grid_past_cuda_limits_is_a_clear_error(path, B, H, where):
     with pytest.raises(ValueError, match=f"along {where}, over CUDA's limit of 65535"):
         fwd_intra_triton(k, v, None, beta, path=path)
 
-
-def test_autotune_switch(monkeypatch):
-    from gdn_jax.kernels.fused_intra import gdn_fwd_intra_fused_kernel
-    from gdn_jax.triton_launch import UNTUNED, autotune_enabled, tuned_or_fixed
-
-    monkeypatch.delenv("GDN_JAX_AUTOTUNE", raising=False)
-    assert autotune_enabled()
-    assert tuned_or_fixed(gdn_fwd_intra_fused_kernel, "fused", True) == (gdn_fwd_intra_fused_kernel, {})
-    monkeypatch.setenv("GDN_JAX_AUTOTUNE", "0")
-    assert not autotune_enabled()
-    kernel, config = tuned_or_fixed(gdn_fwd_intra_fused_kernel, "fused", False)
-    assert kernel is gdn_fwd_intra_fused_kernel.fn and config == UNTUNED["fused"]
-
-
-@pytest.mark.parametrize("jax_triton_04", [False, True])
-def test_no_autotuning_on_traced_offsets_where_jax_triton_tunes_at_initialize(monkeypatch, jax_triton_04):
-    """jax-triton >= 0.4 autotunes before the graph runs, on operand buffers
-    that arrays computed in the graph have not filled yet: a traced
-    cu_seqlens/chunk_indices must then get one fixed config."""
-    from gdn_jax import triton_launch
-
-    monkeypatch.delenv("GDN_JAX_AUTOTUNE", raising=False)
-    monkeypatch.setattr(triton_launch, "autotunes_at_initialize", lambda: jax_triton_04)
-    cu = jnp.array([0, 5, 9], jnp.int32)
-    assert triton_launch.may_autotune(None, None)
-    assert triton_launch.may_autotune(cu, gdn_jax.prepare_chunk_indices(cu))
-    seen = []
-    jax.jit(lambda c: seen.append(triton_launch.may_autotune(c, c[:1])) or c)(cu)
-    assert seen == [not jax_triton_04]
-    monkeypatch.setenv("GDN_JAX_AUTOTUNE", "0")
-    assert not triton_launch.may_autotune(cu, None)

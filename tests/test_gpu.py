@@ -21,9 +21,10 @@ K = V = 128
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
-@pytest.fixture(params=["triton", "seed"])
+@pytest.fixture(params=["triton", "split", "seed"])
 def impl(request):
-    """Every test runs both Triton paths: the one-kernel path and the seed's two kernels."""
+    """Every test runs every Triton path: the one kernel, the split (A kernel,
+    then w/u) and the seed's two kernels."""
     return request.param
 
 

@@ -103,8 +103,8 @@ def test_benchmark_kernel_variant(name, record_errors):
 @pytest.mark.parametrize("path,kernel_name", [("seed", "kkt_solve"), ("fused", "fused"), ("split", "A")])
 def test_every_autotune_tile_size(path, kernel_name, monkeypatch, record_errors):
     """Every BK the autotuner may pick computes the same function (the
-    interpreter runs one fixed config, ``gdn_jax.triton_launch.UNTUNED``)."""
-    import gdn_jax.triton_launch as launch
+    interpreter runs one fixed config, ``gdn_jax.autotune.UNTUNED``)."""
+    import gdn_jax.autotune as launch
     from gdn_jax.kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
     from gdn_jax.kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
 

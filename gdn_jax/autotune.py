@@ -1,0 +1,146 @@
+"""One config per Triton launch: a kernel's autotuning configs timed once per
+process and launch signature, before the graph that uses it is built.
+
+Why not hand jax-triton the ``triton.autotune`` object itself (measured on the
+H200, README "Speed"):
+
+- jax-triton 0.3 ships every config's compiled kernel in the custom call's
+  opaque string, and jaxlib's legacy handler hashes and compares that string on
+  every call: the one-kernel path's 6 configs cost 0.078 ms of host time per
+  call against 0.059 ms with one config (B=4, T=2048, H=8), where torch's
+  launch costs 0.050 ms.
+- jax-triton 0.4 autotunes while the executable is initialized, launching the
+  configs on the operand buffers before any op of the graph has run: chunk
+  indices computed in the graph (traced ``cu_seqlens``) still hold garbage
+  then, and the kernels fault (CUDA_ERROR_ILLEGAL_ADDRESS, measured with 0.4.1).
+
+Here the configs are timed on stand-in operands of the launch's shapes and
+dtypes (random floats; valid offsets for ``cu_seqlens`` and chunk indices),
+eagerly, even while a ``jax.jit`` trace is running; the graph then holds the
+fastest config only. ``GDN_JAX_AUTOTUNE=0`` skips the timing and takes the
+fixed config :data:`UNTUNED` (quick test runs: one compile per kernel).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .chunk_indices import padding_row, prepare_chunk_indices
+
+# The fixed config per kernel when timing is off (GDN_JAX_AUTOTUNE=0, Triton's
+# interpreter, which cannot time): what the H200 picked at the headline shape.
+UNTUNED = {
+    "kkt_solve": dict(BK=64, num_warps=4),
+    "recompute_w_u": dict(num_warps=4, num_stages=3),
+    "fused": dict(BK=64, num_warps=2, num_stages=3),
+    "A": dict(BK=64, num_warps=1),
+}
+
+_CHOSEN: dict = {}  # launch signature -> config kwargs
+
+
+def autotune_enabled() -> bool:
+    """False when the environment sets ``GDN_JAX_AUTOTUNE=0``."""
+    return os.environ.get("GDN_JAX_AUTOTUNE", "1") != "0"
+
+
+def config_kwargs(config) -> dict:
+    """A ``triton.Config`` as the keyword arguments of one launch."""
+    return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def stand_ins(operands, T: int, chunk_size: int = 64, seed: int = 0):
+    """Concrete operands for timing a launch of ``operands``.
+
+    Concrete arrays and Python scalars are kept. A traced float array becomes
+    random normal values of its shape and dtype; a traced int ``[N + 1]``
+    array (``cu_seqlens``) ``N`` segments of about ``T / N`` rows; a traced
+    int ``[NT, 2]`` array (chunk indices) the chunks of those segments, cut or
+    padded with skipped rows (:func:`gdn_jax.chunk_indices.padding_row`) to ``NT``.
+    """
+    with jax.ensure_compile_time_eval():  # concrete arrays, also inside a jax.jit trace
+        keys = iter(jax.random.split(jax.random.key(seed), len(operands)))
+        cu = None
+        out = []
+        for x in operands:
+            if not isinstance(x, jax.core.Tracer):
+                out.append(x)
+            elif jnp.issubdtype(x.dtype, jnp.floating):
+                out.append(jax.random.normal(next(keys), x.shape, x.dtype))
+            elif x.ndim == 1:
+                cu = np.linspace(0, T, x.shape[0]).astype(np.int32)
+                out.append(jnp.asarray(cu, x.dtype))
+            else:
+                cu_ = cu if cu is not None else np.array([0, T], np.int32)
+                ci = np.asarray(prepare_chunk_indices(cu_, chunk_size))[: x.shape[0]]
+                pad = np.tile(np.array(padding_row(T, chunk_size), np.int32), (x.shape[0] - len(ci), 1))
+                out.append(jnp.asarray(np.concatenate([ci, pad]).reshape(x.shape), x.dtype))
+    return out
+
+
+def median_ms(run, reps: int = 5, inner: int = 5) -> float:
+    """Median ms per call of ``run()`` (``inner`` back-to-back calls, then a
+    sync), after one call that compiles it."""
+    jax.block_until_ready(run())
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            out = run()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / inner * 1e3)
+    return statistics.median(times)
+
+
+def chosen_config(name: str, configs, operands, launch, signature, T: int) -> dict:
+    """Config kwargs for one launch of kernel ``name``.
+
+    Args:
+      name: the kernel's key in :data:`UNTUNED`.
+      configs: its ``triton.Config`` candidates.
+      operands: the launch's array operands and scalars (may be tracers).
+      launch: ``launch(operands, **config_kwargs)`` runs the kernel.
+      signature: hashable description of everything else the launch depends
+        on (grid, constexprs); with the operands' shapes and dtypes and the
+        device kind, the cache key.
+      T: rows of the packed batch (for stand-in ``cu_seqlens``).
+
+    The first call for a key times every config on :func:`stand_ins` (a
+    config that fails to compile is skipped) and keeps the fastest.
+    """
+    if not autotune_enabled():
+        return UNTUNED[name]
+    key = (name, signature, jax.devices()[0].device_kind,
+           tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") else x for x in operands))
+    if key not in _CHOSEN:
+        with jax.ensure_compile_time_eval():
+            _CHOSEN[key] = fastest(configs, stand_ins(operands, T), launch, name)
+    return _CHOSEN[key]
+
+
+def fastest(configs, operands, launch, name: str) -> dict:
+    """Config kwargs of the config with the lowest :func:`median_ms`."""
+    arrays = [i for i, x in enumerate(operands) if hasattr(x, "shape")]
+
+    def with_arrays(arrs):  # the operands with the arrays passed to jit (scalars stay static)
+        ops = list(operands)
+        for i, a in zip(arrays, arrs):
+            ops[i] = a
+        return ops
+
+    timings, errors = [], []
+    for config in configs:
+        kwargs = config_kwargs(config)
+        run = jax.jit(lambda *arrs, kw=kwargs: launch(with_arrays(arrs), **kw))
+        try:
+            timings.append((median_ms(lambda: run(*[operands[i] for i in arrays])), kwargs))
+        except Exception as e:  # e.g. out of shared memory: skip the config
+            errors.append(f"{kwargs}: {type(e).__name__}: {e}")
+    if not timings:
+        raise RuntimeError(f"gdn_jax: no config of kernel {name!r} ran:\n" + "\n".join(errors))
+    return min(timings, key=lambda t: t[0])[1]

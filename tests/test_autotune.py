@@ -1,0 +1,103 @@
+"""gdn_jax.autotune: one config per launch, timed once per launch signature
+(CPU: a stand-in launch whose configs differ in run time)."""
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import triton
+
+import gdn_jax
+from gdn_jax import autotune
+from gdn_jax.chunk_indices import padding_row
+
+CONFIGS = [triton.Config({"BK": bk}, num_warps=w, num_stages=3) for bk, w in [(32, 2), (64, 1), (64, 4)]]
+DELAY_S = {(32, 2): 0.02, (64, 1): 0.0, (64, 4): 0.01}  # config (64, 1) is the fastest
+
+
+def slow_launch(traced):
+    """A launch whose run time depends on the config; records each trace."""
+    def launch(ops, BK, num_warps, num_stages):
+        traced.append((BK, num_warps))
+        x = ops[0]
+        delay = DELAY_S[(BK, num_warps)]
+        return jax.pure_callback(lambda a: (time.sleep(delay), a)[1], jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return launch
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(monkeypatch):
+    monkeypatch.setattr(autotune, "_CHOSEN", {})
+    monkeypatch.delenv("GDN_JAX_AUTOTUNE", raising=False)
+
+
+def test_picks_the_fastest_config_once_per_signature():
+    traced = []
+    ops = (jnp.ones((4, 8), jnp.bfloat16), 8)
+    first = autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8)
+    assert first == dict(BK=64, num_warps=1, num_stages=3)
+    assert sorted(traced) == sorted((c.kwargs["BK"], c.num_warps) for c in CONFIGS)
+    assert autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8) == first
+    assert len(traced) == len(CONFIGS)  # cached: not timed again
+    autotune.chosen_config("A", CONFIGS, (jnp.ones((4, 16), jnp.bfloat16), 16), slow_launch(traced), "sig", T=16)
+    assert len(traced) == 2 * len(CONFIGS)  # a new shape is timed
+
+
+def test_timed_eagerly_inside_jit_on_stand_ins():
+    traced, seen = [], []
+
+    def f(x, cu):
+        seen.append(autotune.chosen_config("A", CONFIGS, (x, cu, 8), slow_launch(traced), "sig", T=8))
+        return x
+
+    jax.jit(f)(jnp.ones((4, 8), jnp.float32), jnp.array([0, 3, 8], jnp.int32))
+    assert seen == [dict(BK=64, num_warps=1, num_stages=3)]
+
+
+def test_fixed_config_without_timing(monkeypatch):
+    monkeypatch.setenv("GDN_JAX_AUTOTUNE", "0")
+    traced = []
+    config = autotune.chosen_config("fused", CONFIGS, (jnp.ones(3),), slow_launch(traced), "sig", T=3)
+    assert config == autotune.UNTUNED["fused"] and traced == []
+
+
+def test_a_config_that_fails_is_skipped_and_all_failing_is_an_error():
+    def launch(ops, BK, num_warps, num_stages):
+        if BK == 32:
+            raise ValueError("out of resources")
+        return ops[0] * 2
+
+    assert autotune.fastest(CONFIGS, (jnp.ones(3),), launch, "A")["BK"] == 64
+
+    def failing(ops, **kw):
+        raise ValueError("out of resources")
+
+    with pytest.raises(RuntimeError, match="(?s)no config of kernel .A. ran:.*out of resources"):
+        autotune.fastest(CONFIGS, (jnp.ones(3),), failing, "A")
+
+
+def test_stand_ins_for_traced_offsets_are_valid_offsets():
+    T, n_rows = 300, gdn_jax.chunk_indices.cdiv(300, 64) + 4
+    got = []
+
+    def f(k, beta, cu, ci):
+        got.extend(autotune.stand_ins((k, beta, cu, ci, jnp.zeros((1,), jnp.int32), T), T))
+        return k
+
+    k = jnp.ones((1, T, 2, 16), jnp.bfloat16)
+    beta = jnp.ones((1, T, 2), jnp.float32)
+    cu = jnp.array([0, 5, 5, 100, T], jnp.int32)
+    jax.jit(f)(k, beta, cu, gdn_jax.chunk_indices.chunk_indices_in_graph(cu, T))
+    k_, beta_, cu_, ci_, dummy, T_ = got
+    for real, stand_in in [(k, k_), (beta, beta_)]:
+        assert (stand_in.shape, stand_in.dtype) == (real.shape, real.dtype)
+        assert np.all(np.isfinite(np.asarray(stand_in, np.float32))) and np.std(np.asarray(stand_in, np.float32)) > 0.5
+    cu_ = np.asarray(cu_)
+    assert cu_.shape == (5,) and cu_[0] == 0 and cu_[-1] == T and np.all(np.diff(cu_) >= 0)
+    ci_ = np.asarray(ci_)
+    real = np.asarray(gdn_jax.prepare_chunk_indices(cu_))
+    assert ci_.shape == (n_rows, 2) and ci_.dtype == np.int32
+    np.testing.assert_array_equal(ci_[: len(real)], real)
+    np.testing.assert_array_equal(ci_[len(real):], np.tile(padding_row(T, 64), (n_rows - len(real), 1)))
+    assert (np.asarray(dummy) == 0).all() and T_ == T  # concrete operands kept
