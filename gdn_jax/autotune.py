@@ -58,7 +58,8 @@ def stand_ins(operands, T: int, chunk_size: int = 64, seed: int = 0):
     """Concrete operands for timing a launch of ``operands``.
 
     Concrete arrays and Python scalars are kept. A traced float array becomes
-    random normal values of its shape and dtype; a traced int ``[N + 1]``
+    random values of its shape and dtype in ``[0.5, 1] / sqrt(last dim)`` (unit-size
+    key rows, nothing that overflows in ``A``'s build); a traced int ``[N + 1]``
     array (``cu_seqlens``) ``N`` segments of about ``T / N`` rows; a traced
     int ``[NT, 2]`` array (chunk indices) the chunks of those segments, cut or
     padded with skipped rows (:func:`gdn_jax.chunk_indices.padding_row`) to ``NT``.
@@ -70,8 +71,9 @@ def stand_ins(operands, T: int, chunk_size: int = 64, seed: int = 0):
         for x in operands:
             if not isinstance(x, jax.core.Tracer):
                 out.append(x)
-            elif jnp.issubdtype(x.dtype, jnp.floating):
-                out.append(jax.random.normal(next(keys), x.shape, x.dtype))
+            elif jnp.issubdtype(x.dtype, jnp.floating):  # moderate: no overflow in A's build
+                u = jax.random.uniform(next(keys), x.shape, jnp.float32, 0.5, 1.0)
+                out.append((u / np.sqrt(max(x.shape[-1], 1))).astype(x.dtype))
             elif x.ndim == 1:
                 cu = np.linspace(0, T, x.shape[0]).astype(np.int32)
                 out.append(jnp.asarray(cu, x.dtype))
@@ -83,18 +85,36 @@ def stand_ins(operands, T: int, chunk_size: int = 64, seed: int = 0):
     return out
 
 
-def median_ms(run, reps: int = 5, inner: int = 5) -> float:
-    """Median ms per call of ``run()`` (``inner`` back-to-back calls, then a
-    sync), after one call that compiles it."""
-    jax.block_until_ready(run())
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            out = run()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / inner * 1e3)
-    return statistics.median(times)
+LAUNCHES_PER_CALL = 10  # launches of one config per timed call
+ROUNDS = 5  # timed calls per config, the configs taken in turn
+
+
+def repeated(launch, operands, arrays, kwargs):
+    """A jitted function of the arrays of ``operands`` (at positions ``arrays``)
+    that launches the kernel :data:`LAUNCHES_PER_CALL` times, one after the
+    other: an optimization barrier between launches makes each one's operands
+    depend on the previous one's outputs (through one element of its first
+    output, which the function returns), so XLA neither merges nor drops them. One dispatch per many launches: the timing is the GPU's, not the
+    host's (a single launch per jitted call measured the host's dispatch at
+    small shapes, and picked configs 3x slower on the GPU)."""
+    def run(*arrs):
+        firsts = []
+        for _ in range(LAUNCHES_PER_CALL):
+            ops = list(operands)
+            for i, a in zip(arrays, arrs):
+                ops[i] = a
+            first = jax.tree.leaves(launch(ops, **kwargs))[0].reshape(-1)[:1]
+            arrs, first = jax.lax.optimization_barrier((arrs, first))
+            firsts.append(first)  # returned, so that no launch is dead code
+        return firsts
+    return jax.jit(run)
+
+
+def call_ms(run, args) -> float:
+    """Wall ms of one call of ``run(*args)`` until its outputs are ready."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(run(*args))
+    return (time.perf_counter() - t0) * 1e3
 
 
 def chosen_config(name: str, configs, operands, launch, signature, T: int) -> dict:
@@ -124,23 +144,25 @@ def chosen_config(name: str, configs, operands, launch, signature, T: int) -> di
 
 
 def fastest(configs, operands, launch, name: str) -> dict:
-    """Config kwargs of the config with the lowest :func:`median_ms`."""
+    """Config kwargs of the config with the lowest median time of
+    :data:`ROUNDS` timed calls of :func:`repeated` launches, the configs
+    timed in turn (so that a drift of the GPU's clocks favours none)."""
     arrays = [i for i, x in enumerate(operands) if hasattr(x, "shape")]
-
-    def with_arrays(arrs):  # the operands with the arrays passed to jit (scalars stay static)
-        ops = list(operands)
-        for i, a in zip(arrays, arrs):
-            ops[i] = a
-        return ops
-
-    timings, errors = [], []
+    args = [operands[i] for i in arrays]
+    runs, errors = [], []
     for config in configs:
         kwargs = config_kwargs(config)
-        run = jax.jit(lambda *arrs, kw=kwargs: launch(with_arrays(arrs), **kw))
+        run = repeated(launch, operands, arrays, kwargs)
         try:
-            timings.append((median_ms(lambda: run(*[operands[i] for i in arrays])), kwargs))
+            call_ms(run, args)  # compiles
+            runs.append((run, kwargs))
         except Exception as e:  # e.g. out of shared memory: skip the config
             errors.append(f"{kwargs}: {type(e).__name__}: {e}")
-    if not timings:
+    if not runs:
         raise RuntimeError(f"gdn_jax: no config of kernel {name!r} ran:\n" + "\n".join(errors))
-    return min(timings, key=lambda t: t[0])[1]
+    times = [[] for _ in runs]
+    for _ in range(ROUNDS):
+        for t, (run, _) in zip(times, runs):
+            t.append(call_ms(run, args))
+    best = min(range(len(runs)), key=lambda i: statistics.median(times[i]))
+    return runs[best][1]

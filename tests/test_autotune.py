@@ -13,7 +13,7 @@ from gdn_jax import autotune
 from gdn_jax.chunk_indices import padding_row
 
 CONFIGS = [triton.Config({"BK": bk}, num_warps=w, num_stages=3) for bk, w in [(32, 2), (64, 1), (64, 4)]]
-DELAY_S = {(32, 2): 0.02, (64, 1): 0.0, (64, 4): 0.01}  # config (64, 1) is the fastest
+DELAY_S = {(32, 2): 0.004, (64, 1): 0.0, (64, 4): 0.002}  # config (64, 1) is the fastest
 
 
 def slow_launch(traced):
@@ -37,11 +37,12 @@ def test_picks_the_fastest_config_once_per_signature():
     ops = (jnp.ones((4, 8), jnp.bfloat16), 8)
     first = autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8)
     assert first == dict(BK=64, num_warps=1, num_stages=3)
-    assert sorted(traced) == sorted((c.kwargs["BK"], c.num_warps) for c in CONFIGS)
+    assert sorted(set(traced)) == sorted((c.kwargs["BK"], c.num_warps) for c in CONFIGS)
+    n = len(traced)
     assert autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8) == first
-    assert len(traced) == len(CONFIGS)  # cached: not timed again
+    assert len(traced) == n  # cached: not timed again
     autotune.chosen_config("A", CONFIGS, (jnp.ones((4, 16), jnp.bfloat16), 16), slow_launch(traced), "sig", T=16)
-    assert len(traced) == 2 * len(CONFIGS)  # a new shape is timed
+    assert len(traced) == 2 * n  # a new shape is timed
 
 
 def test_timed_eagerly_inside_jit_on_stand_ins():
@@ -53,6 +54,19 @@ def test_timed_eagerly_inside_jit_on_stand_ins():
 
     jax.jit(f)(jnp.ones((4, 8), jnp.float32), jnp.array([0, 3, 8], jnp.int32))
     assert seen == [dict(BK=64, num_warps=1, num_stages=3)]
+
+
+def test_each_timed_call_runs_every_launch():
+    """The barrier between launches keeps XLA from merging or dropping them."""
+    executed = []
+
+    def launch(ops, **kw):
+        x = ops[0]
+        return jax.pure_callback(lambda a: (executed.append(1), a)[1], jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    run = autotune.repeated(launch, (jnp.ones(3), 3), [0], {})
+    jax.block_until_ready(run(jnp.ones(3)))
+    assert len(executed) == autotune.LAUNCHES_PER_CALL
 
 
 def test_fixed_config_without_timing(monkeypatch):
@@ -92,7 +106,8 @@ def test_stand_ins_for_traced_offsets_are_valid_offsets():
     k_, beta_, cu_, ci_, dummy, T_ = got
     for real, stand_in in [(k, k_), (beta, beta_)]:
         assert (stand_in.shape, stand_in.dtype) == (real.shape, real.dtype)
-        assert np.all(np.isfinite(np.asarray(stand_in, np.float32))) and np.std(np.asarray(stand_in, np.float32)) > 0.5
+        x = np.asarray(stand_in, np.float32)
+        assert np.all(x > 0) and np.all(x <= 1) and np.std(x) > 0
     cu_ = np.asarray(cu_)
     assert cu_.shape == (5,) and cu_[0] == 0 and cu_[-1] == T and np.all(np.diff(cu_) >= 0)
     ci_ = np.asarray(ci_)
