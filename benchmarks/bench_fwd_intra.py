@@ -340,6 +340,8 @@ def main():
         versions.update(jax_triton=jax_triton.__version__, triton=triton.__version__)
     except ImportError:
         pass
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     names = args.shapes.split(",") + ([f"sweep_T{T}" for T in SWEEP_T] if args.sweep else [])
     for name in names:
@@ -348,9 +350,9 @@ def main():
                                 [v for v in args.variants.split(",") if v] if name == "headline" else [],
                                 not args.torch_only))
         print(json.dumps(rows[-1]), flush=True)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_fwd_intra.json").write_text(json.dumps(dict(versions=versions, copy_bw=bw, rows=rows), indent=1))
+        # after every shape, so that a run cut by a time limit keeps its rows
+        (out / "bench_fwd_intra.json").write_text(
+            json.dumps(dict(versions=versions, copy_bw=bw, rows=rows), indent=1))
     plot_sweep(rows, out / "bench_fwd_intra.png")
     print(versions)
     print_table(rows, bw)

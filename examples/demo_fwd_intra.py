@@ -82,7 +82,7 @@ def main():
     fwd_varlen = jax.jit(lambda k, v, g, b, cu: gdn_jax.fwd_intra(k, v, g, b, cu_seqlens=cu))
     w, u, A = fwd_varlen(kp, vp, gp, bp, cu)
     print(f"packed varlen: cu_seqlens {cuts} (traced) -> w {w.shape} u {u.shape} A {A.shape}")
-    print(f"  ran: {PATHS[resolve_impl('demo', 'auto', H=H, Hg=Hg, varlen=True)]}")
+    print(f"  ran: {PATHS[resolve_impl('demo', 'auto', H=H, Hg=Hg)]}")
     print(f"  median jitted call: {median_ms(fwd_varlen, kp, vp, gp, bp, cu):.3f} ms")
 
 

@@ -15,23 +15,23 @@ def cuda_available() -> bool:
     return "rocm" not in version
 
 
-def fastest_triton_path(H: int, Hg: int, varlen: bool) -> str:
-    """The faster of the two Triton paths, as measured on an H200 (README, speed):
-    the seed's two kernels for fixed-length input with GQA (``H > Hg``: their
-    chunk-major grid runs the value heads of one key head close enough together
-    to share ``k`` in L2; 1.02x to 1.11x faster at B=8, T=1024..8192, Hg=16,
-    H=32), the one-kernel path otherwise (packed varlen with GQA, no GQA:
-    0.61x to 0.98x of the seed path's time)."""
-    return "seed" if not varlen and H > Hg else "triton"
+def fastest_triton_path(H: int, Hg: int) -> str:
+    """The fastest Triton path, as measured on an H200 under ``jax.jit``
+    (README, Speed): with GQA (``H > Hg``) the split path (0.577 ms at B=8,
+    T=4096, Hg=16, H=32 and 0.659 ms packed, against the seed's 0.677 and
+    0.791 and the one kernel's 0.730 and 0.788); without GQA the one-kernel
+    path (0.145 ms at K=V=256 and 0.075 ms at B=4, T=2048, H=8, against the
+    split's 0.148 and 0.078)."""
+    return "split" if H > Hg else "triton"
 
 
-def resolve_impl(op: str, impl: str, *, H: int = 1, Hg: int = 1, varlen: bool = False) -> str:
-    """``"triton"``, ``"seed"`` or ``"reference"`` for the ``impl`` the user
-    asked for: ``"auto"`` is the fastest path here (on an NVIDIA GPU the faster
-    Triton path for ``H`` value heads, ``Hg`` key heads and (packed) varlen
-    input, :func:`fastest_triton_path`; elsewhere the jnp reference)."""
+def resolve_impl(op: str, impl: str, *, H: int = 1, Hg: int = 1) -> str:
+    """``"triton"``, ``"split"``, ``"seed"`` or ``"reference"`` for the ``impl``
+    the user asked for: ``"auto"`` is the fastest path here (on an NVIDIA GPU
+    the fastest Triton path for ``H`` value heads and ``Hg`` key heads,
+    :func:`fastest_triton_path`; elsewhere the jnp reference)."""
     if impl == "auto":
-        return fastest_triton_path(H, Hg, varlen) if cuda_available() else "reference"
+        return fastest_triton_path(H, Hg) if cuda_available() else "reference"
     if impl in ("triton", "split", "seed") and not cuda_available():
         raise RuntimeError(
             f"{op}: impl={impl!r} needs an NVIDIA GPU as JAX's default backend, but "

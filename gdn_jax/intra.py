@@ -33,13 +33,15 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
       chunk_size: 64, the only size the fused kernel supports.
       chunk_indices: optional ``[NT, 2]`` int32 from
         :func:`gdn_jax.prepare_chunk_indices` (computed when omitted).
-      impl: ``"auto"``, the fastest path here: on an NVIDIA GPU ``"seed"`` for
-        fixed-length input with GQA (``H > Hg``) and ``"triton"`` otherwise
-        (measured on an H200, see the README), else ``"reference"``;
-        ``"triton"``, the one-kernel Triton path
-        (``kernels/fused_intra.py``); ``"seed"``, the seed's two Triton kernels
-        (``kernels/kkt_solve.py`` then ``kernels/recompute_w_u.py``);
-        ``"reference"``, the jnp reference.
+      impl: ``"auto"``, the fastest path here: on an NVIDIA GPU ``"split"``
+        with GQA (``H > Hg``) and ``"triton"`` without (measured on an H200,
+        see the README), else ``"reference"``; ``"triton"``, the one-kernel
+        Triton path (``kernels/fused_intra.py``); ``"split"``, that path's
+        ``A`` kernel, then the w/u kernel (``kernels/recompute_w_u.py``);
+        ``"seed"``, the seed's two Triton kernels (``kernels/kkt_solve.py``
+        then the same w/u kernel); ``"reference"``, the jnp reference. Each
+        Triton launch runs the config that was fastest for its shapes, timed
+        on the first trace (:mod:`gdn_jax.autotune`).
 
     Returns:
       ``(w, u, A)``: ``w [B, T, H, K]`` in k's dtype, ``u [B, T, H, V]`` in v's
@@ -56,5 +58,4 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, k.shape[1], chunk_size)
     return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                              chunk_indices=chunk_indices,
-                             impl=resolve_impl("fwd_intra", impl, H=v.shape[2], Hg=k.shape[2],
-                                               varlen=cu_seqlens is not None))
+                             impl=resolve_impl("fwd_intra", impl, H=v.shape[2], Hg=k.shape[2]))

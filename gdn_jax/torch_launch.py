@@ -26,8 +26,8 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
                     A_kernel=None):
     """``fwd_intra`` on torch tensors: ``path="fused"`` the one-kernel path,
     ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
-    the one-kernel path's A part as its own kernel, then w/u (a benchmark
-    variant, not a ``gdn_jax.fwd_intra`` path).
+    the one-kernel path's A part as its own kernel, then w/u (as the
+    ``impl`` values ``"triton"``, ``"seed"`` and ``"split"`` of :func:`gdn_jax.fwd_intra`).
 
     Shapes and dtypes as :func:`gdn_jax.fwd_intra`; ``cu_seqlens`` and
     ``chunk_indices`` are torch integer tensors (``chunk_indices`` computed

@@ -21,10 +21,10 @@ for phase in "$@"; do
   case $phase in
     info) python3 -P -c "import jax, jax_triton, triton, torch, gdn_jax; print('jax', jax.__version__, 'jax_triton', jax_triton.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices(), gdn_jax.__file__)";;
     # compiling dominates: the whole GPU suite runs with one fixed config per
-    # kernel (GDN_JAX_AUTOTUNE=0) in 8 processes, then the autotuned kernels on
-    # the T=4096 and the traced-varlen cases (jax-triton 0.4 autotunes before
-    # the graph runs: gdn_jax.triton_launch.may_autotune); the slow ones
-    # (tensors of tens of GB) run alone last
+    # kernel (GDN_JAX_AUTOTUNE=0) in 8 processes, then the tuned kernels
+    # (gdn_jax.autotune) on the T=4096 and the traced-varlen cases; the slow
+    # ones (tensors of tens of GB) run alone last. Each phase takes minutes:
+    # give a call of `test` the whole 600 s
     test) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25
           python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12
           python3 -P -m pytest -q -rfs -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;

@@ -80,7 +80,7 @@ def main():
         "one-kernel (fused_intra)": (gdn_fwd_intra_fused_kernel,
                                      dict(k=bf, v=bf, g=f32, beta=f32, **runtime, w=bf, u=bf, A=bf),
                                      dict(**heads, V=a.K, BC=BC, BV=_block(a.K), **flags)),
-        "A kernel (split variant)": (gdn_fwd_intra_A_kernel,
+        "A kernel (split path)": (gdn_fwd_intra_A_kernel,
                                      dict(k=bf, g=f32, beta=f32, **runtime, A=bf),
                                      dict(**heads, BC=BC, **flags)),
     }

@@ -71,23 +71,22 @@ def test_numpy_inputs_accepted():
     assert isinstance(w, jax.Array)
 
 
-@pytest.mark.parametrize("H,Hg,varlen,path", [
-    (32, 16, False, "seed"),  # fixed length with GQA: the seed's kernels were faster
-    (32, 16, True, "triton"),  # packed varlen: the one-kernel path
-    (8, 8, False, "triton"),  # no GQA: the one-kernel path
+@pytest.mark.parametrize("H,Hg,path", [
+    (32, 16, "split"),  # GQA: A kernel, then w/u
+    (8, 8, "triton"),  # no GQA: the one-kernel path
 ])
-def test_auto_picks_the_measured_faster_triton_path(monkeypatch, H, Hg, varlen, path):
+def test_auto_picks_the_measured_fastest_triton_path(monkeypatch, H, Hg, path):
     monkeypatch.setattr(gdn_jax.backend, "cuda_available", lambda: True)
-    assert gdn_jax.backend.resolve_impl("fwd_intra", "auto", H=H, Hg=Hg, varlen=varlen) == path
-    for impl in ("triton", "seed", "reference"):  # an explicit choice is kept
-        assert gdn_jax.backend.resolve_impl("fwd_intra", impl, H=H, Hg=Hg, varlen=varlen) == impl
+    assert gdn_jax.backend.resolve_impl("fwd_intra", "auto", H=H, Hg=Hg) == path
+    for impl in ("triton", "split", "seed", "reference"):  # an explicit choice is kept
+        assert gdn_jax.backend.resolve_impl("fwd_intra", impl, H=H, Hg=Hg) == impl
 
 
 def test_impl_selection_without_gpu():
     if gdn_jax.backend.cuda_available():
         pytest.skip("checks the behaviour without a GPU")
     k, v, g, beta = make_inputs(6, 1, 10, 1, 1, 16, 16)
-    for impl in ("triton", "seed"):
+    for impl in ("triton", "split", "seed"):
         with pytest.raises(RuntimeError, match=f"impl='{impl}' needs an NVIDIA GPU"):
             gdn_jax.fwd_intra(k, v, g, beta, impl=impl)
     auto = gdn_jax.fwd_intra(k, v, g, beta)

@@ -29,8 +29,8 @@ def to_torch(x, dtype):
     return None if x is None else torch.from_numpy(np.asarray(x, np.float32).copy()).to(dtype)
 
 
-# The seed's two kernels, the one-kernel path, and its A kernel then w/u (a
-# benchmark variant).
+# The seed's two kernels, the one-kernel path, and its A kernel then w/u (the
+# split path).
 PATHS = {"seed": dict(path="seed"), "one-kernel": dict(path="fused"), "split": dict(path="split")}
 
 
