@@ -3,9 +3,9 @@ jax.jit, checked against the jnp reference, with the median time of a call.
 
     python examples/demo_fwd_intra.py [--batch 2 --seq-len 1000 ...]
 
-On an NVIDIA GPU it runs the faster Triton path for the input (the seed's two
-kernels or the one-kernel path, ``impl="auto"``); elsewhere the plain-jnp
-reference (the CPU default).
+On an NVIDIA GPU it runs the fastest Triton path for the input (the split
+path with GQA, the one-kernel path without, ``impl="auto"``); elsewhere the
+plain-jnp reference (the CPU default).
 """
 import argparse
 import statistics
