@@ -1,5 +1,6 @@
 """One config per Triton launch: a kernel's autotuning configs timed once per
-process and launch signature, before the graph that uses it is built.
+process and launch signature (constexprs and dtypes, as Triton's own autotune
+key: not the batch or sequence length), before the graph that uses it is built.
 
 Why not hand jax-triton the ``triton.autotune`` object itself (measured on the
 H200, README "Speed"):
@@ -33,7 +34,9 @@ import numpy as np
 from .chunk_indices import padding_row, prepare_chunk_indices
 
 # The fixed config per kernel when timing is off (GDN_JAX_AUTOTUNE=0, Triton's
-# interpreter, which cannot time): what the H200 picked at the headline shape.
+# interpreter, which cannot time): the H200's picks at the headline shape,
+# except kkt_solve (picked there: BK=32, 1 warp), whose fixed config is the one
+# every earlier GPU test run used.
 UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
     "recompute_w_u": dict(num_warps=4, num_stages=3),
@@ -41,7 +44,7 @@ UNTUNED = {
     "A": dict(BK=64, num_warps=1),
 }
 
-_CHOSEN: dict = {}  # launch signature -> config kwargs
+_CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs
 
 
 def autotune_enabled() -> bool:
@@ -94,7 +97,8 @@ def repeated(launch, operands, arrays, kwargs):
     that launches the kernel :data:`LAUNCHES_PER_CALL` times, one after the
     other: an optimization barrier between launches makes each one's operands
     depend on the previous one's outputs (through one element of its first
-    output, which the function returns), so XLA neither merges nor drops them. One dispatch per many launches: the timing is the GPU's, not the
+    output, which the function returns), so XLA neither merges nor drops
+    them. One dispatch per many launches: the timing is the GPU's, not the
     host's (a single launch per jitted call measured the host's dispatch at
     small shapes, and picked configs 3x slower on the GPU)."""
     def run(*arrs):
@@ -117,7 +121,7 @@ def call_ms(run, args) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def chosen_config(name: str, configs, operands, launch, signature, T: int) -> dict:
+def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> dict:
     """Config kwargs for one launch of kernel ``name``.
 
     Args:
@@ -125,18 +129,20 @@ def chosen_config(name: str, configs, operands, launch, signature, T: int) -> di
       configs: its ``triton.Config`` candidates.
       operands: the launch's array operands and scalars (may be tracers).
       launch: ``launch(operands, **config_kwargs)`` runs the kernel.
-      signature: hashable description of everything else the launch depends
-        on (grid, constexprs); with the operands' shapes and dtypes and the
-        device kind, the cache key.
+      constexprs: hashable, the launch's constexprs (head counts and dims,
+        flags); with the operands' dtypes and the device kind, the cache key.
+        Batch rows and sequence length are left out, as in the kernels'
+        ``triton.autotune`` keys: a new length reuses the config.
       T: rows of the packed batch (for stand-in ``cu_seqlens``).
 
-    The first call for a key times every config on :func:`stand_ins` (a
-    config that fails to compile is skipped) and keeps the fastest.
+    The first call for a key times every config on :func:`stand_ins` of this
+    launch's shapes (a config that fails to compile is skipped) and keeps the
+    fastest.
     """
     if not autotune_enabled():
         return UNTUNED[name]
-    key = (name, signature, jax.devices()[0].device_kind,
-           tuple((tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") else x for x in operands))
+    key = (name, constexprs, jax.devices()[0].device_kind,
+           tuple(str(x.dtype) for x in operands if hasattr(x, "shape")))
     if key not in _CHOSEN:
         with jax.ensure_compile_time_eval():
             _CHOSEN[key] = fastest(configs, stand_ins(operands, T), launch, name)

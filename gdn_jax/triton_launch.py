@@ -79,13 +79,12 @@ def _block(n: int) -> int:
 def launch(name: str, kernel, operands, *, out, grid, **kwargs):
     """One ``triton_call`` of the autotuned ``kernel`` (its inner ``JITFunction``)
     with the single config :func:`gdn_jax.autotune.chosen_config` picks for
-    this launch signature; ``operands`` end with the scalar ``T``."""
+    its constexprs (``kwargs``) and dtypes; ``operands`` end with the scalar ``T``."""
     def run(ops, **config):
         return triton_call(*ops, kernel=kernel.fn, out=out, grid=grid, **kwargs, **config)
 
-    signature = (repr(out), grid, tuple(sorted(kwargs.items())))
-    return run(operands, **chosen_config(name, kernel.configs, operands, run, signature,
-                                         T=operands[-1]))
+    return run(operands, **chosen_config(name, kernel.configs, operands, run,
+                                         tuple(sorted(kwargs.items())), T=operands[-1]))
 
 
 def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,

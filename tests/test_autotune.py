@@ -32,7 +32,7 @@ def fresh_cache(monkeypatch):
     monkeypatch.delenv("GDN_JAX_AUTOTUNE", raising=False)
 
 
-def test_picks_the_fastest_config_once_per_signature():
+def test_picks_the_fastest_config_once_per_key():
     traced = []
     ops = (jnp.ones((4, 8), jnp.bfloat16), 8)
     first = autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8)
@@ -42,7 +42,11 @@ def test_picks_the_fastest_config_once_per_signature():
     assert autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8) == first
     assert len(traced) == n  # cached: not timed again
     autotune.chosen_config("A", CONFIGS, (jnp.ones((4, 16), jnp.bfloat16), 16), slow_launch(traced), "sig", T=16)
-    assert len(traced) == 2 * n  # a new shape is timed
+    assert len(traced) == n  # a new length: the kernels' autotune keys leave it out
+    autotune.chosen_config("A", CONFIGS, (jnp.ones((4, 16), jnp.float16), 16), slow_launch(traced), "sig", T=16)
+    assert len(traced) == 2 * n  # a new dtype is timed
+    autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "other constexprs", T=8)
+    assert len(traced) == 3 * n  # and new constexprs
 
 
 def test_timed_eagerly_inside_jit_on_stand_ins():
