@@ -45,7 +45,8 @@ SHAPES = {
 }
 IMPLS = {"fused": "triton", "split": "split", "seed": "seed"}  # column: gdn_jax impl
 PATHS = {"split_ms": "gdn_jax split (jax.jit)", "fused_ms": "gdn_jax one-kernel (jax.jit)",
-         "seed_ms": "gdn_jax seed kernels (jax.jit)", "torch_seed_ms": "seed kernels, torch launch",
+         "seed_ms": "gdn_jax seed kernels (jax.jit)", "torch_split_ms": "split kernels, torch launch",
+         "torch_fused_ms": "one kernel, torch launch", "torch_seed_ms": "seed kernels, torch launch",
          "jnp_reference_ms": "jnp reference (jax.jit)", "floor_ms": "bandwidth floor"}
 
 
@@ -70,6 +71,31 @@ def plot_sweep(rows, path):
     ax.set_ylabel("median ms")
     ax.set_title("fwd_intra")
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_shapes(rows, path):
+    """PNG of every path's time at each benchmarked shape (bars, log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if not r["shape"].startswith("sweep_T")]
+    keys = [k for k in PATHS if any(k in r for r in rows)]
+    if not rows or not keys:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        xs = [j + i * width for j, r in enumerate(rows) if key in r]
+        ax.bar(xs, [r[key] for r in rows if key in r], width, label=PATHS[key])
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["shape"] for r in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms")
+    ax.set_title("fwd_intra, bf16, g on")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -326,7 +352,16 @@ def main():
     p.add_argument("--variants", nargs="?", const=",".join(VARIANTS), default="",
                    help="also time these kernel variants (default all of VARIANTS: one change "
                         "each) at the headline shape")
+    p.add_argument("--replot", metavar="JSON",
+                   help="only redraw the charts from a saved run's JSON (no GPU needed), into --out")
     args = p.parse_args()
+    if args.replot:
+        rows = json.loads(pathlib.Path(args.replot).read_text())["rows"]
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        plot_sweep(rows, out / "bench_fwd_intra.png")
+        plot_shapes(rows, out / "bench_fwd_intra_shapes.png")
+        return
     if args.fixed_config:
         os.environ["GDN_JAX_AUTOTUNE"] = "0"
     with_torch = importlib.util.find_spec("torch") is not None
@@ -354,6 +389,7 @@ def main():
         (out / "bench_fwd_intra.json").write_text(
             json.dumps(dict(versions=versions, copy_bw=bw, rows=rows), indent=1))
     plot_sweep(rows, out / "bench_fwd_intra.png")
+    plot_shapes(rows, out / "bench_fwd_intra_shapes.png")
     print(versions)
     print_table(rows, bw)
 
