@@ -23,6 +23,8 @@ fixed config :data:`UNTUNED` (quick test runs: one compile per kernel).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import statistics
 import time
@@ -45,11 +47,32 @@ UNTUNED = {
 }
 
 _CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs
+_TIMING = contextvars.ContextVar("gdn_jax_autotune_timing", default=True)
 
 
 def autotune_enabled() -> bool:
     """False when the environment sets ``GDN_JAX_AUTOTUNE=0``."""
     return os.environ.get("GDN_JAX_AUTOTUNE", "1") != "0"
+
+
+def timing_allowed() -> bool:
+    """False inside :func:`without_timing`."""
+    return _TIMING.get()
+
+
+@contextlib.contextmanager
+def without_timing():
+    """Launches traced inside take the config already chosen for their key, or
+    the fixed one (:data:`UNTUNED`), and time nothing. For the partitioned op
+    (:mod:`gdn_jax.sharding`): ``custom_partitioning`` traces the per-device
+    function at the global shapes (stand-ins that large may not fit one
+    device) and lowers it from inside XLA's partitioner, where running a
+    computation is not safe."""
+    token = _TIMING.set(False)
+    try:
+        yield
+    finally:
+        _TIMING.reset(token)
 
 
 def config_kwargs(config) -> dict:
@@ -137,12 +160,15 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
 
     The first call for a key times every config on :func:`stand_ins` of this
     launch's shapes (a config that fails to compile is skipped) and keeps the
-    fastest.
+    fastest; inside :func:`without_timing`, a key not timed yet gets
+    :data:`UNTUNED`.
     """
     if not autotune_enabled():
         return UNTUNED[name]
     key = (name, constexprs, jax.devices()[0].device_kind,
            tuple(str(x.dtype) for x in operands if hasattr(x, "shape")))
+    if not timing_allowed():
+        return _CHOSEN.get(key, UNTUNED[name])
     if key not in _CHOSEN:
         with jax.ensure_compile_time_eval():
             _CHOSEN[key] = fastest(configs, stand_ins(operands, T), launch, name)

@@ -36,6 +36,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .autotune import without_timing
 from .reference import fwd_intra_jnp
 from .triton_launch import fwd_intra_triton
 
@@ -115,7 +116,12 @@ def _plan(static: Static, mesh, arg_shapes):
 def _partition(static: Static, mesh, arg_shapes, result_shape):
     """The partitioner's callback: shardings to run with, and the per-device function."""
     operands, results = _plan(static, mesh, arg_shapes)
-    return mesh, lambda *arrays: _per_device(static, *arrays), results, operands
+
+    def lower(*arrays):  # called from inside XLA's partitioner: no config timing there
+        with without_timing():
+            return _per_device(static, *arrays)
+
+    return mesh, lower, results, operands
 
 
 def _infer(static: Static, mesh, arg_shapes, result_shape):
@@ -212,5 +218,6 @@ def fwd_intra_sharded(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_in
     arrays = [x for x in (k, v, g, beta, cu_seqlens, chunk_indices) if x is not None]
     if jax.device_count() == 1:  # nothing to partition: the plain launch
         return _per_device(static, *arrays)
-    return call_with_auto_axes(_transformable(static), arrays, k, v, static.varlen,
-                               lambda b, h: (P(b, None, h, None),) * 3)
+    with without_timing():  # custom_partitioning traces _per_device at the global shapes
+        return call_with_auto_axes(_transformable(static), arrays, k, v, static.varlen,
+                                   lambda b, h: (P(b, None, h, None),) * 3)

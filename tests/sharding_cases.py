@@ -27,6 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import gdn_jax  # noqa: E402
+import gdn_jax.autotune  # noqa: E402
 import gdn_jax.reference  # noqa: E402
 import gdn_jax.sharding  # noqa: E402
 from gdn_jax.chunk import chunk_gated_delta_rule  # noqa: E402
@@ -148,8 +149,11 @@ def triton_branch_case():
     per-device function under plain jit, which XLA can only run whole."""
     from gdn_jax.reference import fwd_intra_jnp
 
+    timing = []
+
     def stand_in(*args, path, **kwargs):
         assert path == "triton"  # the impl, passed on as the launch path
+        timing.append(gdn_jax.autotune.timing_allowed())
         return fwd_intra_jnp(*args, **kwargs)
 
     gdn_jax.sharding.fwd_intra_triton = stand_in
@@ -159,6 +163,7 @@ def triton_branch_case():
                put(m, g, "data", None, "model"), put(m, beta, "data", None, "model"))
     partitioned = lambda *a: gdn_jax.sharding.fwd_intra_sharded(*a, impl="triton")  # noqa: E731
     result = run(partitioned, (k, v, g, beta), sharded)
+    result["config_timing_allowed"] = timing
     result["collectives_unpartitioned"] = collectives(
         jax.jit(fwd_intra_jnp).lower(*sharded).compile().as_text())
     return result

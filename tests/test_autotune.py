@@ -73,6 +73,21 @@ def test_each_timed_call_runs_every_launch():
     assert len(executed) == autotune.LAUNCHES_PER_CALL
 
 
+def test_no_timing_inside_without_timing():
+    """Inside autotune.without_timing (the partitioned op): a key timed before
+    keeps its config, a new one gets the fixed config, nothing is timed."""
+    traced = []
+    ops = (jnp.ones((4, 8), jnp.bfloat16), 8)
+    first = autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8)
+    n = len(traced)
+    with autotune.without_timing():
+        assert not autotune.timing_allowed()
+        assert autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8) == first
+        new = autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "new", T=8)
+        assert new == autotune.UNTUNED["A"]
+    assert len(traced) == n and autotune.timing_allowed()
+
+
 def test_fixed_config_without_timing(monkeypatch):
     monkeypatch.setenv("GDN_JAX_AUTOTUNE", "0")
     traced = []

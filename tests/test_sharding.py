@@ -71,6 +71,13 @@ def test_sharded_without_collectives(results, case):
     assert r["plans"] and all(p == plan for p in r["plans"])
 
 
+def test_no_config_timing_while_partitioning(results):
+    """The partitioned op's traces (global shapes, then per-device lowering
+    inside XLA's partitioner) never time Triton configs (gdn_jax.autotune)."""
+    seen = get(results, "triton_branch")["config_timing_allowed"]
+    assert seen and not any(seen)
+
+
 def test_unpartitioned_kernel_is_gathered(results):
     """The per-device function under plain jit: XLA gathers around the opaque call."""
     assert get(results, "triton_branch")["collectives_unpartitioned"]["all-gather"] > 0
