@@ -2,7 +2,7 @@
 # GPU-machine session: installs the carried jax-triton wheel and this package
 # into /tmp (no registry there), then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test | bench | bench-quick | <any command, run with the env set>
+#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels) and .shim (the triton36 sitecustomize).
 set -uo pipefail
 JT=$1; shift
@@ -20,15 +20,18 @@ export PYTHONPATH=/tmp/jt$JT$SHIM:/tmp/pkg
 for phase in "$@"; do
   case $phase in
     info) python3 -P -c "import jax, jax_triton, triton, torch, gdn_jax; print('jax', jax.__version__, 'jax_triton', jax_triton.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices(), gdn_jax.__file__)";;
-    # compiling dominates: the whole GPU suite runs with one fixed config per
-    # kernel (GDN_JAX_AUTOTUNE=0) in 8 processes, then the tuned kernels
-    # (gdn_jax.autotune) on the T=4096 and the traced-varlen cases; the slow
-    # ones (tensors of tens of GB) run alone last. Each phase takes minutes:
-    # give a call of `test` the whole 600 s
-    test) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25
-          python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12
-          python3 -P -m pytest -q -rfs -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;
-    bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" --variants 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -20;;
+    # Compiling dominates: the whole GPU suite runs with one fixed config per
+    # kernel (GDN_JAX_AUTOTUNE=0) in 8 processes (~200 s for 130 tests in
+    # session 4), then the tuned kernels (gdn_jax.autotune) on the T=4096 and
+    # the traced-varlen cases, then the slow ones (tensors of tens of GB)
+    # alone. Each phase takes minutes: run each in its own device call.
+    test-fixed) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
+    test-tuned) python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12;;
+    test-slow) python3 -P -m pytest -q -rfs -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;
+    # the table (JSON written after every shape), then the T sweep for the chart
+    bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -12;;
+    sweep) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/sweep" --no-reference --shapes headline --sweep 2>&1 | tee "$OUT/sweep_jt$JT.log" | tail -12;;
+    variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
     *) bash -c "$phase";;
   esac
 done
