@@ -28,6 +28,7 @@ import contextvars
 import os
 import statistics
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -178,7 +179,13 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
 def fastest(configs, operands, launch, name: str) -> dict:
     """Config kwargs of the config with the lowest median time of
     :data:`ROUNDS` timed calls of :func:`repeated` launches, the configs
-    timed in turn (so that a drift of the GPU's clocks favours none)."""
+    timed in turn (so that a drift of the GPU's clocks favours none).
+
+    A config that fails (out of shared memory, say) is skipped. If none runs
+    (the stand-ins, a second copy of the launch's operands and outputs, may
+    not fit the device), a warning names the errors and the fixed config
+    :data:`UNTUNED` is returned: the real launch then runs, or raises its own
+    error."""
     arrays = [i for i, x in enumerate(operands) if hasattr(x, "shape")]
     args = [operands[i] for i in arrays]
     runs, errors = [], []
@@ -187,14 +194,14 @@ def fastest(configs, operands, launch, name: str) -> dict:
         run = repeated(launch, operands, arrays, kwargs)
         try:
             call_ms(run, args)  # compiles
-            runs.append((run, kwargs))
-        except Exception as e:  # e.g. out of shared memory: skip the config
+            runs.append((run, kwargs, []))
+        except Exception as e:
             errors.append(f"{kwargs}: {type(e).__name__}: {e}")
-    if not runs:
-        raise RuntimeError(f"gdn_jax: no config of kernel {name!r} ran:\n" + "\n".join(errors))
-    times = [[] for _ in runs]
     for _ in range(ROUNDS):
-        for t, (run, _) in zip(times, runs):
-            t.append(call_ms(run, args))
-    best = min(range(len(runs)), key=lambda i: statistics.median(times[i]))
-    return runs[best][1]
+        for run, kwargs, times in runs:
+            times.append(call_ms(run, args))
+    if not runs:
+        warnings.warn(f"gdn_jax: no config of kernel {name!r} could be timed, launching the fixed "
+                      f"config {UNTUNED[name]}:\n" + "\n".join(errors), RuntimeWarning, stacklevel=2)
+        return UNTUNED[name]
+    return min(runs, key=lambda r: statistics.median(r[2]))[1]

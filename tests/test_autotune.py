@@ -95,7 +95,7 @@ def test_fixed_config_without_timing(monkeypatch):
     assert config == autotune.UNTUNED["fused"] and traced == []
 
 
-def test_a_config_that_fails_is_skipped_and_all_failing_is_an_error():
+def test_a_config_that_fails_is_skipped_and_none_running_falls_back_to_the_fixed_one():
     def launch(ops, BK, num_warps, num_stages):
         if BK == 32:
             raise ValueError("out of resources")
@@ -106,8 +106,8 @@ def test_a_config_that_fails_is_skipped_and_all_failing_is_an_error():
     def failing(ops, **kw):
         raise ValueError("out of resources")
 
-    with pytest.raises(RuntimeError, match="(?s)no config of kernel .A. ran:.*out of resources"):
-        autotune.fastest(CONFIGS, (jnp.ones(3),), failing, "A")
+    with pytest.warns(RuntimeWarning, match="(?s)no config of kernel .A. could be timed.*out of resources"):
+        assert autotune.fastest(CONFIGS, (jnp.ones(3),), failing, "A") == autotune.UNTUNED["A"]
 
 
 def test_stand_ins_for_traced_offsets_are_valid_offsets():
