@@ -198,24 +198,25 @@ _INTERLEAVED = ("    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses(b_A00,
 _FUSED_NEUMANN = _replace((_INTERLEAVED, _NEUMANN), ("from .unit_lower import unit_lower_inverses",
                                                      "from .unit_lower import unit_lower_inverse"))
 
-VARIANTS = {  # name: (kernel file, change of its source, torch path timed)
+VARIANTS = {  # name: (change of the source of A_KERNELS[path]'s file, torch path timed)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
-    "seed_loop_bound": ("kkt_solve", _replace(*[("for i in range(2, BC):",
-                                                  f"for i in range(2, min(BC, T - i_tc{i})):")
-                                                 for i in range(4)]), "seed"),
+    "seed_loop_bound": (_replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
+                                   for i in range(4)]), "seed"),
     # the seed's int32 sequence offsets (wrong past 2^31 elements)
-    "int32_offsets": ("kkt_solve", _replace(*[(".to(tl.int64)", ".to(tl.int32)")] * 2,
-                                            *[("i_b.to(tl.int64) * T", "i_b * T")] * 2), "seed"),
+    "int32_offsets": (_replace(*[(".to(tl.int64)", ".to(tl.int32)")] * 2,
+                               *[("i_b.to(tl.int64) * T", "i_b * T")] * 2), "seed"),
     # the diagonal blocks inverted as in the one-kernel path
-    "seed_neumann": ("kkt_solve", _diagonal_blocks(_NEUMANN), "seed"),
+    "seed_neumann": (_diagonal_blocks(_NEUMANN), "seed"),
     # the four substitution loops as one (four independent chains per step)
-    "seed_interleaved": ("kkt_solve", _diagonal_blocks(_INTERLEAVED), "seed"),
-    "fused_neumann": ("fused_intra", _FUSED_NEUMANN, "fused"),
-    "split_neumann": ("fused_intra", _FUSED_NEUMANN, "split"),
+    "seed_interleaved": (_diagonal_blocks(_INTERLEAVED), "seed"),
+    "fused_neumann": (_FUSED_NEUMANN, "fused"),
+    "split_neumann": (_FUSED_NEUMANN, "split"),
 }
-A_KERNELS = {"seed": ("kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"),
-             "fused": ("fused_intra", "gdn_fwd_intra_fused_kernel"),
-             "split": ("fused_intra", "gdn_fwd_intra_A_kernel")}
+A_KERNELS = {  # torch path: (kernels/ file, its kernel that builds A)
+    "seed": ("kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"),
+    "fused": ("fused_intra", "gdn_fwd_intra_fused_kernel"),
+    "split": ("fused_intra", "gdn_fwd_intra_A_kernel"),
+}
 
 
 def kernel_variant(name):
@@ -223,14 +224,15 @@ def kernel_variant(name):
     from its kernels/ file with one change (VARIANTS), as a fresh module."""
     import gdn_jax.kernels
 
-    file, change, path = VARIANTS[name]
+    change, path = VARIANTS[name]
+    file, kernel = A_KERNELS[path]
     src = change((pathlib.Path(gdn_jax.kernels.__file__).parent / f"{file}.py").read_text())
     tmp = pathlib.Path(tempfile.mkdtemp()) / f"{file}_{name}.py"
     tmp.write_text(src)
     spec = importlib.util.spec_from_file_location(f"gdn_jax.kernels.{file}_{name}", tmp)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return path, getattr(mod, A_KERNELS[path][1])
+    return path, getattr(mod, kernel)
 
 
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants,
