@@ -194,9 +194,42 @@ def _diagonal_blocks(call: str):
 
 _NEUMANN = "".join(f"    b_Ai{i}{i} = unit_lower_inverse(b_A{i}{i}, BC)\n" for i in range(4))
 _INTERLEAVED = ("    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses(b_A00, b_A11, b_A22, b_A33, BC)\n")
+# fused_intra.py's diagonal blocks: gated as L^T and inverted by unit_lower_inverses_T
+_TRANSPOSED = ("    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses_from_transposes(\n"
+               "        b_A00, b_A11, b_A22, b_A33, BC)\n")
+_AS_L = [("m_d = o_i[:, None] < o_i[None, :]", "m_d = o_i[:, None] > o_i[None, :]")] + [
+    (f"gate_transposed(b_A{i}{i}, b_g{i}, b_b{i}, USE_G)", f"gate(b_A{i}{i}, b_g{i}, b_g{i}, b_b{i}, USE_G)")
+    for i in range(4)]
+
+
+def _diagonal_as_L(call, helper):
+    """A change of fused_intra.py: the diagonal blocks gated as L (lower) and
+    inverted by ``call`` (``helper`` of ``kernels/unit_lower.py``)."""
+    return _replace(*_AS_L, (_TRANSPOSED, call),
+                    ("from .unit_lower import unit_lower_inverses_from_transposes",
+                     f"from .unit_lower import {helper}"))
+
+
 # the one-kernel path (and the split's A kernel) with the product-of-powers diagonal
-_FUSED_NEUMANN = _replace((_INTERLEAVED, _NEUMANN), ("from .unit_lower import unit_lower_inverses",
-                                                     "from .unit_lower import unit_lower_inverse"))
+_FUSED_NEUMANN = _diagonal_as_L(_NEUMANN, "unit_lower_inverse")
+# ... with the row-reading substitution of session 4 (unit_lower_inverses)
+_FUSED_ROWS = _diagonal_as_L(_INTERLEAVED, "unit_lower_inverses")
+
+
+def _merge_left_out(src: str) -> str:
+    """fused_intra.py with the six blocks below the diagonal stored as ``L``'s
+    (no block merge): an ablation, for timing only."""
+    start = src.index("    b_Ai10 = -tl.dot(")
+    end = src.index("    b_0 = tl.zeros([BC, BC], dtype=tl.float32)\n    store_row_block")
+    return src[:start] + "".join(f"    b_Ai{i}{j} = b_A{i}{j}\n" for i, j in
+                                 ["10", "21", "32", "20", "31", "30"]) + src[end:]
+
+
+def _max_registers(n):
+    """The split's A kernel's configs capped at ``n`` registers per thread (ptxas ``-maxrregcount``)."""
+    return _replace(("triton.Config({\"BK\": BK}, num_warps=num_warps)\n",
+                     f"triton.Config({{\"BK\": BK}}, num_warps=num_warps, maxnreg={n})\n"))
+
 
 VARIANTS = {  # name: (change of the source of A_KERNELS[path]'s file, torch path timed)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
@@ -211,6 +244,18 @@ VARIANTS = {  # name: (change of the source of A_KERNELS[path]'s file, torch pat
     "seed_interleaved": (_diagonal_blocks(_INTERLEAVED), "seed"),
     "fused_neumann": (_FUSED_NEUMANN, "fused"),
     "split_neumann": (_FUSED_NEUMANN, "split"),
+    "fused_rows": (_FUSED_ROWS, "fused"),
+    "split_rows": (_FUSED_ROWS, "split"),
+    "split_maxnreg128": (_max_registers(128), "split"),
+    "split_maxnreg168": (_max_registers(168), "split"),
+    # ablations (wrong results; timing only): the split path with one stage of
+    # its A kernel left out, to place the time inside the kernel
+    "ablate_A_kernel": (_replace(("if i_t * BT >= T:\n        return\n    k += (bos * Hg",
+                                  "if i_t * BT >= 0:\n        return\n    k += (bos * Hg")), "split"),
+    "ablate_solve": (_replace((_TRANSPOSED, "".join(f"    b_Ai{i}{i} = b_A{i}{i}\n" for i in range(4)))),
+                     "split"),
+    "ablate_merge": (_merge_left_out, "split"),
+    "ablate_k_blocks": (_replace(("for i_k in range(tl.cdiv(K, BK)):", "for i_k in range(1):")), "split"),
 }
 A_KERNELS = {  # torch path: (kernels/ file, its kernel that builds A)
     "seed": ("kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"),

@@ -57,3 +57,40 @@ def unit_lower_inverses(b_N0, b_N1, b_N2, b_N3, BC: tl.constexpr):
         b_Ai3 = substitute_row(b_Ai3, o_i, i)
     m_I = (o_i[:, None] == o_i[None, :]).to(tl.float32)
     return b_Ai0 + m_I, b_Ai1 + m_I, b_Ai2 + m_I, b_Ai3 + m_I
+
+
+@triton.jit
+def substitute_column(b_X, b_NT, o_i, i):
+    """Step ``i`` of forward substitution on ``b_X``, which holds ``(I + N)^-1``
+    in its rows above ``i`` and identity rows from row ``i`` on: row ``i``
+    becomes ``e_i - sum_m N[i, m] X[m]``. ``N[i, :]`` is read as column ``i``
+    of ``b_NT = N^T``: a reduction along the other axis than the update's, so
+    it lands in the layout the update needs (no layout conversion on the
+    dependent chain) and does not depend on ``b_X`` (off the chain)."""
+    b_n = tl.sum(tl.where((o_i == i)[None, :], b_NT, 0.0), 1)
+    b_x = tl.sum(b_n[:, None] * b_X, 0)
+    return tl.where((o_i == i)[:, None], b_X - b_x[None, :], b_X)
+
+
+@triton.jit
+def unit_lower_inverses_from_transposes(b_NT0, b_NT1, b_NT2, b_NT3, BC: tl.constexpr):
+    """``(I + N)^-1`` of four strictly lower triangular ``[16, 16]`` float32
+    blocks given as their transposes ``N^T``: the seed's forward substitution
+    (the same float32 sums), the four blocks' steps side by side and unrolled.
+    Each step has one reduction on its dependent chain, where
+    ``unit_lower_inverses`` has two and a layout conversion (it reads row ``i``
+    back out of the result); unrolled, the column reads of later steps can run
+    ahead. H200, headline shape, split path (torch ``do_bench``): 0.551 ms with
+    ``unit_lower_inverses``, 0.509 with this loop, 0.497 unrolled."""
+    o_i = tl.arange(0, BC)
+    m_I = (o_i[:, None] == o_i[None, :]).to(tl.float32)
+    b_X0 = m_I
+    b_X1 = m_I
+    b_X2 = m_I
+    b_X3 = m_I
+    for i in tl.static_range(1, BC):
+        b_X0 = substitute_column(b_X0, b_NT0, o_i, i)
+        b_X1 = substitute_column(b_X1, b_NT1, o_i, i)
+        b_X2 = substitute_column(b_X2, b_NT2, o_i, i)
+        b_X3 = substitute_column(b_X3, b_NT3, o_i, i)
+    return b_X0, b_X1, b_X2, b_X3

@@ -79,7 +79,7 @@ def test_varlen(cu, dtype, path, record_errors):
 
 
 @pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
-                                  "split_neumann"])
+                                  "split_neumann", "fused_rows", "split_rows"])
 def test_benchmark_kernel_variant(name, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
     inverted compute the same function (the other variants undo
