@@ -65,13 +65,13 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         fused[fused_grid(NT, H, B)](k=k, v=v, w=w, u=u, A=A, V=V, BC=BC, BV=_block(V),
                                     **common, **config)
         return w, u, A
-    grid = (NT, H, B)  # chunks, value heads, batch rows
     if path == "split":
         first, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_A_kernel, "A", autotune)
         first[fused_grid(NT, H, B)](k=k, A=A, BC=BC, **common, **config)
     else:
         kkt, config = tuned_or_fixed(A_kernel or kkt_solve_kernel, "kkt_solve", autotune)
-        kkt[grid](k=k, A=A, BC=BC, **common, **config)
+        kkt[(NT, H, B)](k=k, A=A, BC=BC, **common, **config)  # the seed's chunk-major grid
     wu, config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", autotune)
-    wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V), **common, **config)
+    wu[fused_grid(NT, H, B)](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V),
+                             **common, **config)
     return w, u, A

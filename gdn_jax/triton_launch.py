@@ -20,8 +20,8 @@ BC = 16  # sub-block rows of the fused kernels (4 x 16 = 64)
 
 
 def fused_grid(NT: int, H: int, B: int) -> tuple[int, int]:
-    """Grid of the one-kernel path: (chunk, value head) pairs with the head
-    fastest, so GQA heads of one key head run side by side; batch rows."""
+    """Grid of every kernel but the seed's kkt_solve: (chunk, value head) pairs
+    with the head fastest, so GQA heads of one key head run side by side; batch rows."""
     return (NT * H, B)
 
 
@@ -112,14 +112,11 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
     if B * T * H == 0 or NT == 0:
         return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
-    head_fastest = fused_grid(NT, H, B)  # the one kernel and the split's A kernel
-    chunk_major = (NT, H, B)  # the seed's kkt_solve and the w/u kernel
+    head_fastest = fused_grid(NT, H, B)  # every kernel but the seed's kkt_solve
+    chunk_major = (NT, H, B)  # the seed's kkt_solve
     if path == "seed":
         check_grid(path, chunk_major, ("chunks NT", "value heads H", "batch rows B"))
-    else:
-        check_grid(path, head_fastest, ("chunks * value heads (NT * H)", "batch rows B"))
-        if path == "split":
-            check_grid(path, chunk_major, ("chunks NT", "value heads H", "batch rows B"))
+    check_grid(path, head_fastest, ("chunks * value heads (NT * H)", "batch rows B"))
 
     # jax-triton 0.3 takes no None operand: an unused pointer gets a 1-element
     # dummy, and USE_G / IS_VARLEN tell the kernel not to read it.
@@ -145,6 +142,6 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
                    zeroed_outputs=(0,),  # the kernel writes the lower blocks only, as in the seed
                    H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags)
     w, u = launch("recompute_w_u", recompute_w_u_fwd_kernel,
-                  (k, v, beta, g_arg, A, cu_arg, ci_arg, T), out=(w_type, u_type), grid=chunk_major,
+                  (k, v, beta, g_arg, A, cu_arg, ci_arg, T), out=(w_type, u_type), grid=head_fastest,
                   H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_block(K), BV=_block(V), **flags)
     return w, u, A

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .safe_exp import safe_exp
-from .tiles import load_rows, store_A_times, tile_ptr
+from .tiles import load_rows, program_chunk, store_A_times, tile_ptr
 from .unit_lower import unit_lower_inverses_from_transposes
 
 
@@ -59,23 +59,6 @@ def store_row_block(ptr, T, C, stride, r0, c0, b_0, b_1, b_2, b_3, BR: tl.conste
              b_2.to(ptr.dtype.element_ty), boundary_check=(0, 1))
     tl.store(tile_ptr(ptr, T, C, stride, r0, c0 + 3 * BCOL, BR, BCOL),
              b_3.to(ptr.dtype.element_ty), boundary_check=(0, 1))
-
-
-@triton.jit
-def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """``(i_t, i_h, bos, T)`` of this program on the head-fastest grid: the
-    chunk's index inside its sequence, the value head, the sequence's first row
-    (64-bit, so that offsets stay right past 2^31 elements) and its length."""
-    i_th, i_b = tl.program_id(0), tl.program_id(1)
-    i_t, i_h = i_th // H, i_th % H
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
-    else:
-        bos = i_b.to(tl.int64) * T
-    return i_t, i_h, bos, T
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """Second stage of the GDN intra-chunk forward: ``u = A (beta v)``, ``w = A (beta exp(g) k)``.
 
-Written from SPEC.md. One program per (chunk, value head, batch row), the same
-grid, varlen and GQA conventions as the seed kernel in ``kkt_solve.py``: value
+Written from SPEC.md. One program per (chunk, value head, batch row) on the
+head-fastest grid of ``fused_intra.py`` (``tiles.program_chunk``), with the
+varlen and GQA conventions of the seed kernel in ``kkt_solve.py``: value
 head ``i_h`` reads key head ``i_h // (H // Hg)``, and with IS_VARLEN the chunk
 ``(i_n, i_t)`` of ``chunk_indices`` covers rows ``[bos + 64 i_t, min(bos + 64
 (i_t + 1), eos))`` of sequence ``i_n``. An entry with ``i_t * BT >= eos - bos``
@@ -13,7 +14,7 @@ Parameter order follows jax-triton: inputs, the scalar ``T``, then the outputs
 import triton
 import triton.language as tl
 
-from .tiles import load_rows, store_A_times, tile_ptr
+from .tiles import load_rows, program_chunk, store_A_times, tile_ptr
 
 
 @triton.autotune(
@@ -48,18 +49,9 @@ def recompute_w_u_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-
-    # 64-bit `bos`: offsets such as `bos * H * V` pass 2^31 on large inputs.
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
-        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        T = eos - bos
-    else:
-        bos, eos = i_b.to(tl.int64) * T, i_b.to(tl.int64) * T + T
-
+    # Head fastest (the seed's kkt_solve grid is chunk-major): the value heads
+    # that share one key head run side by side and read its k rows through L2.
+    i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= T:
         return
 

@@ -1,4 +1,5 @@
-"""``@triton.jit`` tile helpers shared by ``recompute_w_u.py`` and ``fused_intra.py``.
+"""``@triton.jit`` helpers shared by ``recompute_w_u.py`` and ``fused_intra.py``: tiles
+of rows, and the program's chunk on the head-fastest grid.
 
 Rows are tokens of one sequence (``T`` of them, row stride ``H * dim`` in the
 packed ``[B, T, H, dim]`` layout); pointers already point at the sequence's
@@ -35,3 +36,20 @@ def store_A_times(b_A, x, y, scale, T, C, x_stride, y_stride, r0, BT: tl.constex
         b_y = tl.dot(b_A, b_x, input_precision=DOT_PRECISION)
         tl.store(tile_ptr(y, T, C, y_stride, r0, i_x * BX, BT, BX), b_y.to(y.dtype.element_ty),
                  boundary_check=(0, 1))
+
+
+@triton.jit
+def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(i_t, i_h, bos, T)`` of this program on the head-fastest grid: the
+    chunk's index inside its sequence, the value head, the sequence's first row
+    (64-bit, so that offsets stay right past 2^31 elements) and its length."""
+    i_th, i_b = tl.program_id(0), tl.program_id(1)
+    i_t, i_h = i_th // H, i_th % H
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    else:
+        bos = i_b.to(tl.int64) * T
+    return i_t, i_h, bos, T
