@@ -78,7 +78,10 @@ def chunk_indices_in_graph(cu_seqlens: jax.Array, T: int, chunk_size: int = 64) 
     n_chunks = (lens + chunk_size - 1) // chunk_size
     ends = jnp.cumsum(n_chunks)
     row = jnp.arange(n_rows, dtype=jnp.int32)
-    seq = jnp.minimum(jnp.searchsorted(ends, row, side="right"), n_seq - 1).astype(jnp.int32)
+    # "scan_unrolled": log2(N) unrolled steps; the default "scan" is an XLA while
+    # loop (a loop of small kernels on the GPU, ahead of the Triton launches).
+    seq = jnp.searchsorted(ends, row, side="right", method="scan_unrolled")
+    seq = jnp.minimum(seq, n_seq - 1).astype(jnp.int32)
     chunk = row - (ends - n_chunks)[seq]
     real = row < ends[-1]
     pad_seq, pad_chunk = padding_row(T, chunk_size)
