@@ -225,13 +225,27 @@ def _merge_left_out(src: str) -> str:
                                  ["10", "21", "32", "20", "31", "30"]) + src[end:]
 
 
-def _max_registers(n):
-    """The split's A kernel's configs capped at ``n`` registers per thread (ptxas ``-maxrregcount``)."""
-    return _replace(("triton.Config({\"BK\": BK}, num_warps=num_warps)\n",
-                     f"triton.Config({{\"BK\": BK}}, num_warps=num_warps, maxnreg={n})\n"))
+def _max_registers(n, config="triton.Config({\"BK\": BK}, num_warps=num_warps"):
+    """A kernel's configs (the split's A kernel's by default) capped at ``n``
+    registers per thread (ptxas ``-maxrregcount``; jax-triton 0.4 passes it as
+    ``backend_options``, 0.3 cannot)."""
+    return _replace((f"{config})\n", f"{config}, maxnreg={n})\n"))
 
 
-VARIANTS = {  # name: (change of the source of A_KERNELS[path]'s file, torch path timed)
+# recompute_w_u.py with u and w in one loop (K = V): tiles.store_A_times_pair
+_WU_PAIR = _replace(
+    ("    store_A_times(b_A, v + (bos * H + i_h) * V, u + (bos * H + i_h) * V, b_beta,\n"
+     "                  T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
+     "    store_A_times(b_A, k + (bos * Hg + i_h // (H // Hg)) * K, w + (bos * H + i_h) * K, b_kscale,\n"
+     "                  T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n",
+     "    tl.static_assert(K == V)\n"
+     "    store_A_times_pair(b_A, v + (bos * H + i_h) * V, u + (bos * H + i_h) * V, b_beta,\n"
+     "                       k + (bos * Hg + i_h // (H // Hg)) * K, w + (bos * H + i_h) * K, b_kscale,\n"
+     "                       T, V, H * V, Hg * K, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"),
+    ("import load_rows, program_chunk, store_A_times, tile_ptr",
+     "import load_rows, program_chunk, store_A_times, store_A_times_pair, tile_ptr"))
+
+VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
     "seed_loop_bound": (_replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
                                    for i in range(4)]), "seed"),
@@ -256,28 +270,42 @@ VARIANTS = {  # name: (change of the source of A_KERNELS[path]'s file, torch pat
                      "split"),
     "ablate_merge": (_merge_left_out, "split"),
     "ablate_k_blocks": (_replace(("for i_k in range(tl.cdiv(K, BK)):", "for i_k in range(1):")), "split"),
+    # the split path's w/u kernel (recompute_w_u.py) with column tiles twice as
+    # wide (one tile per matrix at K = V = 128), with the v and k tiles of a
+    # step loaded before either product (tiles.store_A_times_pair), and both
+    "wu_wide": (_replace(*[(f"{b}, DOT_PRECISION)", f"2 * {b}, DOT_PRECISION)") for b in ("BV", "BK")]),
+                "split_wu"),
+    "wu_pair": (_WU_PAIR, "split_wu"),
+    # ptxas gives the w/u kernel 255 registers at 4 warps (2 programs per SM)
+    "wu_maxnreg128": (_max_registers(128, "triton.Config({}, num_warps=num_warps, num_stages=3"),
+                      "split_wu"),
+    "wu_pair_wide": (lambda src: _WU_PAIR(src).replace("BV, DOT_PRECISION)", "2 * BV, DOT_PRECISION)"),
+                     "split_wu"),
 }
-A_KERNELS = {  # torch path: (kernels/ file, its kernel that builds A)
-    "seed": ("kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel"),
-    "fused": ("fused_intra", "gdn_fwd_intra_fused_kernel"),
-    "split": ("fused_intra", "gdn_fwd_intra_A_kernel"),
+STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argument that replaces it)
+    "seed": ("seed", "kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel", "A_kernel"),
+    "fused": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel"),
+    "split": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel"),
+    "split_wu": ("split", "recompute_w_u", "recompute_w_u_fwd_kernel", "wu_kernel"),
 }
 
 
 def kernel_variant(name):
-    """``(path, kernel)``: the kernel that builds A on torch path ``path``,
-    from its kernels/ file with one change (VARIANTS), as a fresh module."""
+    """``(path, {argument: kernel})``: the torch path to time and the kernel
+    that replaces one of its stages (``fwd_intra_torch``'s ``A_kernel`` or
+    ``wu_kernel``), built from its kernels/ file with one change (VARIANTS)
+    as a fresh module."""
     import gdn_jax.kernels
 
-    change, path = VARIANTS[name]
-    file, kernel = A_KERNELS[path]
+    change, stage = VARIANTS[name]
+    path, file, kernel, argument = STAGES[stage]
     src = change((pathlib.Path(gdn_jax.kernels.__file__).parent / f"{file}.py").read_text())
     tmp = pathlib.Path(tempfile.mkdtemp()) / f"{file}_{name}.py"
     tmp.write_text(src)
     spec = importlib.util.spec_from_file_location(f"gdn_jax.kernels.{file}_{name}", tmp)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return path, getattr(mod, kernel)
+    return path, {argument: getattr(mod, kernel)}
 
 
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants,
@@ -340,10 +368,10 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
                     ("kkt_solve", kkt_solve_kernel), ("recompute_w_u", recompute_w_u_fwd_kernel),
                     ("fused", gdn_fwd_intra_fused_kernel), ("A", gdn_fwd_intra_A_kernel)]}
         for name in variants:
-            path, kernel = kernel_variant(name)
-            row[f"torch_{name}_do_bench_ms"] = do_bench(path=path, A_kernel=kernel)
+            path, replaced = kernel_variant(name)
+            row[f"torch_{name}_do_bench_ms"] = do_bench(path=path, **replaced)
             if tune:
-                row[f"{name}_config"] = str(kernel.best_config)
+                row[f"{name}_config"] = str(next(iter(replaced.values())).best_config)
         if variants:
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3

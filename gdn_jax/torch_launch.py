@@ -23,7 +23,7 @@ def tuned_or_fixed(kernel, name: str, autotune: bool):
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                     *, autotune=True, dot_precision="tf32", path="fused",
-                    A_kernel=None):
+                    A_kernel=None, wu_kernel=None):
     """``fwd_intra`` on torch tensors: ``path="fused"`` the one-kernel path,
     ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
     the one-kernel path's A part as its own kernel, then w/u (as the
@@ -34,7 +34,8 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     from ``cu_seqlens`` when omitted). ``autotune=False`` calls the inner
     ``JITFunction`` with a fixed config, which the interpreter needs.
     ``A_kernel`` replaces the path's kernel that builds ``A`` (kkt_solve, the
-    one kernel, or the split's A kernel; benchmarks of variants).
+    one kernel, or the split's A kernel; benchmarks of variants), ``wu_kernel``
+    the w/u kernel of the two-kernel paths.
     """
     import torch
 
@@ -71,7 +72,7 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     else:
         kkt, config = tuned_or_fixed(A_kernel or kkt_solve_kernel, "kkt_solve", autotune)
         kkt[(NT, H, B)](k=k, A=A, BC=BC, **common, **config)  # the seed's chunk-major grid
-    wu, config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", autotune)
+    wu, config = tuned_or_fixed(wu_kernel or recompute_w_u_fwd_kernel, "recompute_w_u", autotune)
     wu[fused_grid(NT, H, B)](k=k, v=v, A=A, w=w, u=u, V=V, BK=_block(K), BV=_block(V),
                              **common, **config)
     return w, u, A

@@ -79,7 +79,8 @@ def test_varlen(cu, dtype, path, record_errors):
 
 
 @pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
-                                  "split_neumann", "fused_rows", "split_rows"])
+                                  "split_neumann", "fused_rows", "split_rows", "wu_wide",
+                                  "wu_pair", "wu_pair_wide"])
 def test_benchmark_kernel_variant(name, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
     inverted compute the same function (the other variants undo
@@ -91,10 +92,10 @@ def test_benchmark_kernel_variant(name, record_errors):
     spec = importlib.util.spec_from_file_location("bench_fwd_intra", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    launch_path, kernel = bench.kernel_variant(name)
+    launch_path, replaced = bench.kernel_variant(name)
     cu = [0, 1, 1, 64, 130]
     outs, ref = run("float32", 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=3,
-                    path=dict(path=launch_path, A_kernel=kernel))
+                    path=dict(path=launch_path, **replaced))
     tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5}
     record_errors(f"interpreter {name}", "float32",
                   check_against_numpy(outs, ref, "float32", 1, cu[-1], cu, tol=tol))
