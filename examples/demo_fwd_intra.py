@@ -4,7 +4,7 @@ jax.jit, checked against the jnp reference, with the median time of a call.
     python examples/demo_fwd_intra.py [--batch 2 --seq-len 1000 ...]
 
 On an NVIDIA GPU it runs the fastest Triton path for the input (the split
-path with GQA, the one-kernel path without, ``impl="auto"``); elsewhere the
+path, or the one-kernel path for small inputs, ``impl="auto"``); elsewhere the
 plain-jnp reference (the CPU default).
 """
 import argparse

@@ -15,23 +15,29 @@ def cuda_available() -> bool:
     return "rocm" not in version
 
 
-def fastest_triton_path(H: int, Hg: int) -> str:
-    """The fastest Triton path, as measured on an H200 under ``jax.jit``
-    (README, Speed): with GQA (``H > Hg``) the split path (0.577 ms at B=8,
-    T=4096, Hg=16, H=32 and 0.659 ms packed, against the seed's 0.677 and
-    0.791 and the one kernel's 0.730 and 0.788); without GQA the one-kernel
-    path (0.145 ms at K=V=256 and 0.075 ms at B=4, T=2048, H=8, against the
-    split's 0.148 and 0.078)."""
-    return "split" if H > Hg else "triton"
+# Programs per launch up to which the one kernel beats the split path.
+ONE_KERNEL_MAX_PROGRAMS = 1024
 
 
-def resolve_impl(op: str, impl: str, *, H: int = 1, Hg: int = 1) -> str:
+def fastest_triton_path(programs: int) -> str:
+    """The fastest Triton path for a launch of ``programs`` = chunks x value
+    heads x batch rows (64-row chunks), as measured on an H200 (README, Speed;
+    session 5): the split path from 2048 programs on (0.497 ms at B=8, T=4096,
+    Hg=16, H=32, 16384 programs, against the one kernel's 0.631; 0.139 ms at
+    B=2, T=4096, H=Hg=16, K=V=256, 2048 programs, against 0.152), the one
+    kernel at 1024 (B=4, T=2048, H=8: 0.048 ms of GPU time against the
+    split's 0.074; its two launches cost more than they save on so little
+    work). The crossover lies between the two; 1024 is the measured side."""
+    return "triton" if programs <= ONE_KERNEL_MAX_PROGRAMS else "split"
+
+
+def resolve_impl(op: str, impl: str, *, programs: int = 0) -> str:
     """``"triton"``, ``"split"``, ``"seed"`` or ``"reference"`` for the ``impl``
     the user asked for: ``"auto"`` is the fastest path here (on an NVIDIA GPU
-    the fastest Triton path for ``H`` value heads and ``Hg`` key heads,
+    the fastest Triton path for a launch of ``programs`` chunk-head programs,
     :func:`fastest_triton_path`; elsewhere the jnp reference)."""
     if impl == "auto":
-        return fastest_triton_path(H, Hg) if cuda_available() else "reference"
+        return fastest_triton_path(programs) if cuda_available() else "reference"
     if impl in ("triton", "split", "seed") and not cuda_available():
         raise RuntimeError(
             f"{op}: impl={impl!r} needs an NVIDIA GPU as JAX's default backend, but "

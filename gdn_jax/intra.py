@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .backend import resolve_impl
-from .chunk_indices import varlen_work_list
+from .chunk_indices import cdiv, varlen_work_list
 from .sharding import fwd_intra_sharded
 from .validate import as_array, check_fwd_intra_args, check_impl
 
@@ -33,9 +33,10 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
       chunk_size: 64, the only size the fused kernel supports.
       chunk_indices: optional ``[NT, 2]`` int32 from
         :func:`gdn_jax.prepare_chunk_indices` (computed when omitted).
-      impl: ``"auto"``, the fastest path here: on an NVIDIA GPU ``"split"``
-        with GQA (``H > Hg``) and ``"triton"`` without (measured on an H200,
-        see the README), else ``"reference"``; ``"triton"``, the one-kernel
+      impl: ``"auto"``, the fastest path here: on an NVIDIA GPU ``"split"``,
+        or ``"triton"`` for small launches (up to 1024 chunk-head programs;
+        measured on an H200, see the README), else ``"reference"``;
+        ``"triton"``, the one-kernel
         Triton path (``kernels/fused_intra.py``); ``"split"``, that path's
         ``A`` kernel, then the w/u kernel (``kernels/recompute_w_u.py``);
         ``"seed"``, the seed's two Triton kernels (``kernels/kkt_solve.py``
@@ -55,7 +56,9 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
     k, v, g, beta, cu_seqlens, chunk_indices = map(
         as_array, (k, v, g, beta, cu_seqlens, chunk_indices))
     check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
-    cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, k.shape[1], chunk_size)
+    B, T, H = v.shape[:3]
+    cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, T, chunk_size)
+    chunks = cdiv(T, chunk_size) if cu_seqlens is None else chunk_indices.shape[0]
     return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                              chunk_indices=chunk_indices,
-                             impl=resolve_impl("fwd_intra", impl, H=v.shape[2], Hg=k.shape[2]))
+                             impl=resolve_impl("fwd_intra", impl, programs=chunks * H * B))

@@ -71,15 +71,31 @@ def test_numpy_inputs_accepted():
     assert isinstance(w, jax.Array)
 
 
-@pytest.mark.parametrize("H,Hg,path", [
-    (32, 16, "split"),  # GQA: A kernel, then w/u
-    (8, 8, "triton"),  # no GQA: the one-kernel path
+@pytest.mark.parametrize("B,T,H,path", [
+    (8, 4096, 32, "split"),  # the headline shape: 16384 programs
+    (2, 4096, 16, "split"),  # 2048 programs (K=V=256 in the benchmark)
+    (4, 2048, 8, "triton"),  # 1024 programs: the one kernel
+    (1, 1, 1, "triton"),
 ])
-def test_auto_picks_the_measured_fastest_triton_path(monkeypatch, H, Hg, path):
+def test_auto_picks_the_measured_fastest_triton_path(monkeypatch, B, T, H, path):
     monkeypatch.setattr(gdn_jax.backend, "cuda_available", lambda: True)
-    assert gdn_jax.backend.resolve_impl("fwd_intra", "auto", H=H, Hg=Hg) == path
+    programs = -(-T // 64) * H * B
+    assert gdn_jax.backend.resolve_impl("fwd_intra", "auto", programs=programs) == path
     for impl in ("triton", "split", "seed", "reference"):  # an explicit choice is kept
-        assert gdn_jax.backend.resolve_impl("fwd_intra", impl, H=H, Hg=Hg) == impl
+        assert gdn_jax.backend.resolve_impl("fwd_intra", impl, programs=programs) == impl
+
+
+def test_auto_counts_the_programs_of_the_call(monkeypatch):
+    """fwd_intra passes chunks x value heads x batch rows (the packed work list's
+    length for varlen) to the choice of path."""
+    seen = []
+    monkeypatch.setattr(gdn_jax.intra, "resolve_impl",
+                        lambda op, impl, programs: seen.append(programs) or "reference")
+    k, v, g, beta = make_inputs(7, 2, 130, 1, 3, 16, 16)
+    gdn_jax.fwd_intra(k, v, g, beta)
+    k, v, g, beta = make_inputs(8, 1, 130, 1, 3, 16, 16)
+    gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=np.array([0, 1, 65, 130], np.int32))
+    assert seen == [3 * 3 * 2, 4 * 3]
 
 
 def test_impl_selection_without_gpu():
