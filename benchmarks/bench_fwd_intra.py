@@ -225,10 +225,11 @@ def _merge_left_out(src: str) -> str:
                                  ["10", "21", "32", "20", "31", "30"]) + src[end:]
 
 
-def _max_registers(n, config="triton.Config({\"BK\": BK}, num_warps=num_warps"):
-    """A kernel's configs (the split's A kernel's by default) capped at ``n``
-    registers per thread (ptxas ``-maxrregcount``; jax-triton 0.4 passes it as
-    ``backend_options``, 0.3 cannot)."""
+def _max_registers(n):
+    """The split's A kernel's configs capped at ``n`` registers per thread
+    (ptxas ``-maxrregcount``; jax-triton 0.4 passes it as ``backend_options``,
+    0.3 cannot)."""
+    config = 'triton.Config({"BK": BK}, num_warps=num_warps'
     return _replace((f"{config})\n", f"{config}, maxnreg={n})\n"))
 
 
@@ -276,9 +277,6 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "wu_wide": (_replace(*[(f"{b}, DOT_PRECISION)", f"2 * {b}, DOT_PRECISION)") for b in ("BV", "BK")]),
                 "split_wu"),
     "wu_pair": (_WU_PAIR, "split_wu"),
-    # ptxas gives the w/u kernel 255 registers at 4 warps (2 programs per SM)
-    "wu_maxnreg128": (_max_registers(128, "triton.Config({}, num_warps=num_warps, num_stages=3"),
-                      "split_wu"),
     "wu_pair_wide": (lambda src: _WU_PAIR(src).replace("BV, DOT_PRECISION)", "2 * BV, DOT_PRECISION)"),
                      "split_wu"),
 }
