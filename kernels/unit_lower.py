@@ -44,7 +44,10 @@ def unit_lower_inverses(b_N0, b_N1, b_N2, b_N3, BC: tl.constexpr):
     that the compiler can interleave, where the seed runs four loops one
     after the other (14 dependent steps each, latency-bound at 1 warp). Row
     ``i`` of ``-N`` is read from the row of the result it becomes, so the
-    ``N`` blocks need not stay alive."""
+    ``N`` blocks need not stay alive. The kernels use
+    :func:`unit_lower_inverses_from_transposes` since session 5 (faster); this
+    one is kept for the benchmark variants (``seed_interleaved``,
+    ``split_rows``, ``fused_rows``)."""
     o_i = tl.arange(0, BC)
     b_Ai0 = -b_N0
     b_Ai1 = -b_N1
