@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 import gdn_jax
-from gdn_jax.backend import cuda_available, resolve_impl
+from gdn_jax.backend import cuda_available, impl_for
 
 PATHS = {"triton": "Triton, one-kernel path", "split": "Triton, A kernel then w/u kernel",
          "seed": "Triton, the seed's two kernels",
@@ -68,7 +68,7 @@ def main():
     ref = jax.jit(lambda *x: gdn_jax.fwd_intra(*x, impl="reference"))  # the yardstick on a GPU
     w, u, A = fwd(k, v, g, beta)
     print(f"fixed length: k {k.shape} v {v.shape} -> w {w.shape} u {u.shape} A {A.shape} ({A.dtype})")
-    print(f"  ran: {PATHS[resolve_impl('demo', 'auto', H=H, Hg=Hg)]}")
+    print(f"  ran: {PATHS[impl_for(B, T, H)]}")
     if cuda_available():
         errs = [rel(o, r) for o, r in zip((w, u, A), ref(k, v, g, beta))]
         print("  Triton vs jnp reference, rel. error: w {:.1e}  u {:.1e}  A {:.1e}".format(*errs))
@@ -82,7 +82,8 @@ def main():
     fwd_varlen = jax.jit(lambda k, v, g, b, cu: gdn_jax.fwd_intra(k, v, g, b, cu_seqlens=cu))
     w, u, A = fwd_varlen(kp, vp, gp, bp, cu)
     print(f"packed varlen: cu_seqlens {cuts} (traced) -> w {w.shape} u {u.shape} A {A.shape}")
-    print(f"  ran: {PATHS[resolve_impl('demo', 'auto', H=H, Hg=Hg)]}")
+    # traced cu_seqlens: the work list has its static bound, cdiv(total, 64) + N rows
+    print(f"  ran: {PATHS[impl_for(1, total, H, chunks=-(-total // 64) + len(cuts) - 1)]}")
     print(f"  median jitted call: {median_ms(fwd_varlen, kp, vp, gp, bp, cu):.3f} ms")
 
 

@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gdn_jax.backend import cuda_available, resolve_impl
+from gdn_jax.backend import cuda_available, impl_for
 from gdn_jax.chunk import chunk_gated_delta_rule
 from gdn_jax.validate import IMPLS
 
@@ -138,7 +138,7 @@ def main(argv=None):
         forward(state, x).block_until_ready()
         times.append(time.perf_counter() - t0)
 
-    path = resolve_impl("GatedDeltaNet", args.impl, H=args.v_heads, Hg=args.qk_heads)
+    path = impl_for(args.batch, args.seq_len, args.v_heads, args.impl, op="GatedDeltaNet")
     print(f"output shape {tuple(y.shape)} dtype {y.dtype}")
     print(f"fwd_intra path: {path} (cuda_available={cuda_available()}, "
           f"backend={jax.default_backend()})")

@@ -31,6 +31,17 @@ def fastest_triton_path(programs: int) -> str:
     return "triton" if programs <= ONE_KERNEL_MAX_PROGRAMS else "split"
 
 
+def impl_for(B: int, T: int, H: int, impl: str = "auto", *, chunks: int | None = None,
+             chunk_size: int = 64, op: str = "fwd_intra") -> str:
+    """The path :func:`gdn_jax.fwd_intra` runs for ``impl`` on ``B`` batch rows
+    of ``T`` tokens with ``H`` value heads: :func:`resolve_impl` with the
+    launch's programs, ``chunks x H x B``. ``chunks`` is the packed work
+    list's length (``chunk_indices.shape[0]``), by default ``cdiv(T,
+    chunk_size)``, the chunks of one row of a fixed-length batch."""
+    chunks = -(-T // chunk_size) if chunks is None else chunks
+    return resolve_impl(op, impl, programs=chunks * H * B)
+
+
 def resolve_impl(op: str, impl: str, *, programs: int = 0) -> str:
     """``"triton"``, ``"split"``, ``"seed"`` or ``"reference"`` for the ``impl``
     the user asked for: ``"auto"`` is the fastest path here (on an NVIDIA GPU

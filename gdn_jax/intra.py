@@ -1,8 +1,8 @@
 """``fwd_intra``: the public GDN intra-chunk forward (checks, then dispatch)."""
 from __future__ import annotations
 
-from .backend import resolve_impl
-from .chunk_indices import cdiv, varlen_work_list
+from .backend import impl_for
+from .chunk_indices import varlen_work_list
 from .sharding import fwd_intra_sharded
 from .validate import as_array, check_fwd_intra_args, check_impl
 
@@ -58,7 +58,7 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
     check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
     B, T, H = v.shape[:3]
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, T, chunk_size)
-    chunks = cdiv(T, chunk_size) if cu_seqlens is None else chunk_indices.shape[0]
+    chunks = None if chunk_indices is None else chunk_indices.shape[0]
     return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                              chunk_indices=chunk_indices,
-                             impl=resolve_impl("fwd_intra", impl, programs=chunks * H * B))
+                             impl=impl_for(B, T, H, impl, chunks=chunks, chunk_size=chunk_size))

@@ -79,17 +79,17 @@ def test_numpy_inputs_accepted():
 ])
 def test_auto_picks_the_measured_fastest_triton_path(monkeypatch, B, T, H, path):
     monkeypatch.setattr(gdn_jax.backend, "cuda_available", lambda: True)
-    programs = -(-T // 64) * H * B
-    assert gdn_jax.backend.resolve_impl("fwd_intra", "auto", programs=programs) == path
+    assert gdn_jax.backend.impl_for(B, T, H) == path
+    assert gdn_jax.backend.resolve_impl("fwd_intra", "auto", programs=-(-T // 64) * H * B) == path
     for impl in ("triton", "split", "seed", "reference"):  # an explicit choice is kept
-        assert gdn_jax.backend.resolve_impl("fwd_intra", impl, programs=programs) == impl
+        assert gdn_jax.backend.impl_for(B, T, H, impl) == impl
 
 
 def test_auto_counts_the_programs_of_the_call(monkeypatch):
     """fwd_intra passes chunks x value heads x batch rows (the packed work list's
     length for varlen) to the choice of path."""
     seen = []
-    monkeypatch.setattr(gdn_jax.intra, "resolve_impl",
+    monkeypatch.setattr(gdn_jax.backend, "resolve_impl",
                         lambda op, impl, programs: seen.append(programs) or "reference")
     k, v, g, beta = make_inputs(7, 2, 130, 1, 3, 16, 16)
     gdn_jax.fwd_intra(k, v, g, beta)
