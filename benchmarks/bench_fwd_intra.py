@@ -246,6 +246,21 @@ _WU_PAIR = _replace(
     ("import load_rows, program_chunk, store_A_times, tile_ptr",
      "import load_rows, program_chunk, store_A_times, store_A_times_pair, tile_ptr"))
 
+# recompute_w_u.py with beta (and beta exp(g)) folded into A's columns:
+# tiles.store_A_dot, the v and k tiles fed to the dot as loaded
+_WU_SCALED_A = _replace(
+    ("    store_A_times(b_A, v + (bos * H + i_h) * V, u + (bos * H + i_h) * V, b_beta,\n"
+     "                  T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
+     "    store_A_times(b_A, k + (bos * Hg + i_h // (H // Hg)) * K, w + (bos * H + i_h) * K, b_kscale,\n"
+     "                  T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n",
+     "    b_Af = b_A.to(tl.float32)\n"
+     "    store_A_dot((b_Af * b_beta[None, :]).to(b_A.dtype), v + (bos * H + i_h) * V,\n"
+     "                u + (bos * H + i_h) * V, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
+     "    store_A_dot((b_Af * b_kscale[None, :]).to(b_A.dtype), k + (bos * Hg + i_h // (H // Hg)) * K,\n"
+     "                w + (bos * H + i_h) * K, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n"),
+    ("import load_rows, program_chunk, store_A_times, tile_ptr",
+     "import load_rows, program_chunk, store_A_dot, tile_ptr"))
+
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
     "seed_loop_bound": (_replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
@@ -277,6 +292,9 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "wu_wide": (_replace(*[(f"{b}, DOT_PRECISION)", f"2 * {b}, DOT_PRECISION)") for b in ("BV", "BK")]),
                 "split_wu"),
     "wu_pair": (_WU_PAIR, "split_wu"),
+    "wu_scaled_A": (_WU_SCALED_A, "split_wu"),
+    "wu_scaled_A_wide": (lambda src: _WU_SCALED_A(src).replace("BV, DOT_PRECISION)", "2 * BV, DOT_PRECISION)")
+                         .replace("BK, DOT_PRECISION)", "2 * BK, DOT_PRECISION)"), "split_wu"),
     "wu_pair_wide": (lambda src: _WU_PAIR(src).replace("BV, DOT_PRECISION)", "2 * BV, DOT_PRECISION)"),
                      "split_wu"),
 }

@@ -72,3 +72,20 @@ def store_A_times_pair(b_A, x1, y1, scale1, x2, y2, scale2, T, C, x1_stride, x2_
                  boundary_check=(0, 1))
         tl.store(tile_ptr(y2, T, C, y_stride, r0, i_x * BX, BT, BX), b_y2.to(y2.dtype.element_ty),
                  boundary_check=(0, 1))
+
+
+@triton.jit
+def store_A_dot(b_A, x, y, T, C, x_stride, y_stride, r0, BT: tl.constexpr, BX: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """``y = A x`` for the ``BT`` rows of one chunk from row ``r0``: as
+    :func:`store_A_times` with its row scale folded into the columns of
+    ``b_A`` by the caller (``A diag(scale) x = A (scale * x)``), so the ``x``
+    tiles go from memory into the dot untouched (Triton may then copy them
+    to shared memory asynchronously). Not used by the kernels yet: a variant
+    of ``recompute_w_u.py`` for ``benchmarks/bench_fwd_intra.py``
+    (``wu_scaled_A``)."""
+    for i_x in range(tl.cdiv(C, BX)):
+        b_x = tl.load(tile_ptr(x, T, C, x_stride, r0, i_x * BX, BT, BX), boundary_check=(0, 1))
+        b_y = tl.dot(b_A, b_x, input_precision=DOT_PRECISION)
+        tl.store(tile_ptr(y, T, C, y_stride, r0, i_x * BX, BT, BX), b_y.to(y.dtype.element_ty),
+                 boundary_check=(0, 1))
