@@ -261,6 +261,10 @@ _WU_SCALED_A = _replace(
     ("import load_rows, program_chunk, store_A_times, tile_ptr",
      "import load_rows, program_chunk, store_A_dot, tile_ptr"))
 
+# fused_intra.store_chunk_A's first two lines: the first head's gates, then k k^T
+_GATES = '    b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)\n'
+_GRAMS = '    b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(\n        k, T, i_tc0, Hg, K, BC, BK)\n'
+
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
     "seed_loop_bound": (_replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
@@ -278,6 +282,17 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "split_rows": (_FUSED_ROWS, "split"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
+    # one A-kernel program per (chunk, key head) with GQA: k k^T once for the
+    # H // Hg value heads that read it (the others' programs exit at once)
+    "split_gqa": (_replace(
+        ("if i_t * BT >= T:\n        return\n    k += (bos * Hg",
+         "if i_t * BT >= T:\n        return\n    if i_h % (H // Hg) != 0:\n        return\n"
+         "    k += (bos * Hg"),
+        ("i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, 1)",
+         "i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, H // Hg)")), "split"),
+    # the split's A kernel with beta and g loaded after the k k^T loop (ptxas:
+    # 185 registers instead of 234 at BK=64, 1 warp)
+    "split_gates_late": (_replace((_GATES + _GRAMS, _GRAMS + _GATES)), "split"),
     # ablations (wrong results; timing only): the split path with one stage of
     # its A kernel left out, to place the time inside the kernel
     "ablate_A_kernel": (_replace(("if i_t * BT >= T:\n        return\n    k += (bos * Hg",

@@ -62,30 +62,13 @@ def store_row_block(ptr, T, C, stride, r0, c0, b_0, b_1, b_2, b_3, BR: tl.conste
 
 
 @triton.jit
-def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K: tl.constexpr,
-                  BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """``(I + L)^-1`` of the chunk from row ``i_tc0``, stored whole (upper
-    blocks as zeros) into ``A``; ``k``, ``g``, ``beta`` and ``A`` point at the
-    sequence's first row and this program's head."""
+def chunk_grams(k, T, i_tc0, Hg: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
+                BK: tl.constexpr):
+    """The ten lower 16x16 blocks of ``k k^T`` (float32) of the chunk from row
+    ``i_tc0``; ``k`` points at the sequence's first row and the key head."""
     i_tc1 = i_tc0 + BC
     i_tc2 = i_tc0 + 2 * BC
     i_tc3 = i_tc0 + 3 * BC
-    b_b0 = load_rows(beta, T, H, i_tc0, BC)
-    b_b1 = load_rows(beta, T, H, i_tc1, BC)
-    b_b2 = load_rows(beta, T, H, i_tc2, BC)
-    b_b3 = load_rows(beta, T, H, i_tc3, BC)
-    if USE_G:
-        b_g0 = load_rows(g, T, H, i_tc0, BC)
-        b_g1 = load_rows(g, T, H, i_tc1, BC)
-        b_g2 = load_rows(g, T, H, i_tc2, BC)
-        b_g3 = load_rows(g, T, H, i_tc3, BC)
-    else:
-        b_g0 = tl.zeros([BC], dtype=tl.float32)
-        b_g1 = b_g0
-        b_g2 = b_g0
-        b_g3 = b_g0
-
     # k k^T in ten 16x16 blocks; rows past T load as zeros and give zero blocks.
     b_A00 = tl.zeros([BC, BC], dtype=tl.float32)
     b_A10 = tl.zeros([BC, BC], dtype=tl.float32)
@@ -112,6 +95,46 @@ def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K:
         b_A31 = tl.dot(b_k3, tl.trans(b_k1), b_A31)
         b_A32 = tl.dot(b_k3, tl.trans(b_k2), b_A32)
         b_A33 = tl.dot(b_k3, tl.trans(b_k3), b_A33)
+    return b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33
+
+
+@triton.jit
+def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.constexpr):
+    """``beta`` and ``g`` (float32, zeros without ``USE_G``) of the chunk from
+    row ``i_tc0`` in four 16-row pieces; ``g`` and ``beta`` point at the
+    sequence's first row and one value head."""
+    i_tc1 = i_tc0 + BC
+    i_tc2 = i_tc0 + 2 * BC
+    i_tc3 = i_tc0 + 3 * BC
+    b_b0 = load_rows(beta, T, H, i_tc0, BC)
+    b_b1 = load_rows(beta, T, H, i_tc1, BC)
+    b_b2 = load_rows(beta, T, H, i_tc2, BC)
+    b_b3 = load_rows(beta, T, H, i_tc3, BC)
+    if USE_G:
+        b_g0 = load_rows(g, T, H, i_tc0, BC)
+        b_g1 = load_rows(g, T, H, i_tc1, BC)
+        b_g2 = load_rows(g, T, H, i_tc2, BC)
+        b_g3 = load_rows(g, T, H, i_tc3, BC)
+    else:
+        b_g0 = tl.zeros([BC], dtype=tl.float32)
+        b_g1 = b_g0
+        b_g2 = b_g0
+        b_g3 = b_g0
+    return b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3
+
+
+@triton.jit
+def store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,
+                  b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3, A, T, i_tc0,
+                  H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, USE_G: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    """``(I + L)^-1`` of the chunk from row ``i_tc0``, with ``L`` the blocks of
+    ``k k^T`` (:func:`chunk_grams`) gated by one value head's ``beta`` and
+    ``g`` (:func:`chunk_gates`), stored whole (upper blocks as zeros) into
+    ``A``, which points at the sequence's first row and that head."""
+    i_tc1 = i_tc0 + BC
+    i_tc2 = i_tc0 + 2 * BC
+    i_tc3 = i_tc0 + 3 * BC
 
     # L = beta_i <k_i, k_j> safe_exp(g_i - g_j); the diagonal blocks as L^T
     # (strictly upper): see unit_lower_inverses_from_transposes.
@@ -164,6 +187,29 @@ def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K:
     store_row_block(A, T, BT, H * BT, i_tc3, 0, b_Ai30, b_Ai31, b_Ai32, b_Ai33, BC, BC)
 
 
+@triton.jit
+def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K: tl.constexpr,
+                  BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, NH: tl.constexpr):
+    """``(I + L)^-1`` of the chunk from row ``i_tc0`` for ``NH`` consecutive
+    value heads that read one key head, stored into ``A``: ``k k^T`` once,
+    then each head's gates and inverse. ``k``, ``g``, ``beta`` and ``A`` point
+    at the sequence's first row and the program's (first) head. The first
+    head's ``beta`` and ``g`` are loaded before the ``k k^T`` loop (their
+    latency hides behind it, as measured; loaded after it, ptxas needs 185
+    registers instead of 234 at BK=64 and 1 warp: benchmark variant
+    ``split_gates_late``)."""
+    b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)
+    b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(
+        k, T, i_tc0, Hg, K, BC, BK)
+    store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,
+                  b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3, A, T, i_tc0, H, BT, BC, USE_G, DOT_PRECISION)
+    for j in tl.static_range(1, NH):
+        b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g + j, beta + j, T, i_tc0, H, BC, USE_G)
+        store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,
+                      b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3, A + j * BT, T, i_tc0, H, BT, BC, USE_G, DOT_PRECISION)
+
+
 @triton.autotune(
     configs=[
         # BK=64 has won at every benchmarked shape (2 warps); BK=32 stays a
@@ -213,7 +259,7 @@ def gdn_fwd_intra_fused_kernel(
     A += (bos * H + i_h) * BT
     beta += bos * H + i_h
     g += bos * H + i_h
-    store_chunk_A(k, g, beta, A, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    store_chunk_A(k, g, beta, A, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, 1)
 
     # u = A (beta v), w = A (beta exp(g) k) as in recompute_w_u.py, with A read
     # back whole as the [64, 64] tile this program just wrote: after the
@@ -266,4 +312,4 @@ def gdn_fwd_intra_A_kernel(
     g += bos * H + i_h
     beta += bos * H + i_h
     A += (bos * H + i_h) * BT
-    store_chunk_A(k, g, beta, A, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    store_chunk_A(k, g, beta, A, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, 1)
