@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import statistics
 import tempfile
 import time
@@ -233,33 +234,23 @@ def _max_registers(n):
     return _replace((f"{config})\n", f"{config}, maxnreg={n})\n"))
 
 
-# recompute_w_u.py with u and w in one loop (K = V): tiles.store_A_times_pair
-_WU_PAIR = _replace(
-    ("    store_A_times(b_A, v + (bos * H + i_h) * V, u + (bos * H + i_h) * V, b_beta,\n"
-     "                  T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
-     "    store_A_times(b_A, k + (bos * Hg + i_h // (H // Hg)) * K, w + (bos * H + i_h) * K, b_kscale,\n"
-     "                  T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n",
-     "    tl.static_assert(K == V)\n"
-     "    store_A_times_pair(b_A, v + (bos * H + i_h) * V, u + (bos * H + i_h) * V, b_beta,\n"
-     "                       k + (bos * Hg + i_h // (H // Hg)) * K, w + (bos * H + i_h) * K, b_kscale,\n"
-     "                       T, V, H * V, Hg * K, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"),
-    ("import load_rows, program_chunk, store_A_times, tile_ptr",
-     "import load_rows, program_chunk, store_A_times, store_A_times_pair, tile_ptr"))
-
-# recompute_w_u.py with beta (and beta exp(g)) folded into A's columns:
-# tiles.store_A_dot, the v and k tiles fed to the dot as loaded
-_WU_SCALED_A = _replace(
-    ("    store_A_times(b_A, v + (bos * H + i_h) * V, u + (bos * H + i_h) * V, b_beta,\n"
-     "                  T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
-     "    store_A_times(b_A, k + (bos * Hg + i_h // (H // Hg)) * K, w + (bos * H + i_h) * K, b_kscale,\n"
-     "                  T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n",
-     "    b_Af = b_A.to(tl.float32)\n"
-     "    store_A_dot((b_Af * b_beta[None, :]).to(b_A.dtype), v + (bos * H + i_h) * V,\n"
-     "                u + (bos * H + i_h) * V, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
-     "    store_A_dot((b_Af * b_kscale[None, :]).to(b_A.dtype), k + (bos * Hg + i_h // (H // Hg)) * K,\n"
-     "                w + (bos * H + i_h) * K, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n"),
-    ("import load_rows, program_chunk, store_A_times, tile_ptr",
-     "import load_rows, program_chunk, store_A_dot, tile_ptr"))
+# tiles.store_w_u's two products (the w/u kernel's, and the one kernel's tail)
+_WU_PRODUCTS = (
+    "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
+    "    store_A_times(b_A, k, w, b_kscale, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n")
+# ... as u and w in one loop (K = V): tiles.store_A_times_pair
+_WU_PAIR = _replace((_WU_PRODUCTS,
+                     "    tl.static_assert(K == V)\n"
+                     "    store_A_times_pair(b_A, v, u, b_beta, k, w, b_kscale, T, V, H * V, Hg * K, H * V,\n"
+                     "                       i_tc0, BT, BV, DOT_PRECISION)\n"))
+# ... with beta (and beta exp(g)) folded into A's columns: tiles.store_A_dot,
+# the v and k tiles fed to the dot as loaded
+_WU_SCALED_A = _replace((_WU_PRODUCTS,
+                         "    b_Af = b_A.to(tl.float32)\n"
+                         "    store_A_dot((b_Af * b_beta[None, :]).to(b_A.dtype), v, u, T, V, H * V, H * V,\n"
+                         "                i_tc0, BT, BV, DOT_PRECISION)\n"
+                         "    store_A_dot((b_Af * b_kscale[None, :]).to(b_A.dtype), k, w, T, K, Hg * K, H * K,\n"
+                         "                i_tc0, BT, BK, DOT_PRECISION)\n"))
 
 # fused_intra.store_chunk_A's first two lines: the first head's gates, then k k^T
 _GATES = '    b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)\n'
@@ -301,11 +292,11 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
                      "split"),
     "ablate_merge": (_merge_left_out, "split"),
     "ablate_k_blocks": (_replace(("for i_k in range(tl.cdiv(K, BK)):", "for i_k in range(1):")), "split"),
-    # the split path's w/u kernel (recompute_w_u.py) with column tiles twice as
+    # the split path's w/u kernel (tiles.store_w_u) with column tiles twice as
     # wide (one tile per matrix at K = V = 128), with the v and k tiles of a
     # step loaded before either product (tiles.store_A_times_pair), and both
-    "wu_wide": (_replace(*[(f"{b}, DOT_PRECISION)", f"2 * {b}, DOT_PRECISION)") for b in ("BV", "BK")]),
-                "split_wu"),
+    "wu_wide": (_replace((_WU_PRODUCTS, _WU_PRODUCTS.replace("BV, DOT", "2 * BV, DOT")
+                          .replace("BK, DOT", "2 * BK, DOT"))), "split_wu"),
     "wu_pair": (_WU_PAIR, "split_wu"),
     "wu_scaled_A": (_WU_SCALED_A, "split_wu"),
     "wu_scaled_A_wide": (lambda src: _WU_SCALED_A(src).replace("BV, DOT_PRECISION)", "2 * BV, DOT_PRECISION)")
@@ -313,11 +304,12 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "wu_pair_wide": (lambda src: _WU_PAIR(src).replace("BV, DOT_PRECISION)", "2 * BV, DOT_PRECISION)"),
                      "split_wu"),
 }
-STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argument that replaces it)
-    "seed": ("seed", "kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel", "A_kernel"),
-    "fused": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel"),
-    "split": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel"),
-    "split_wu": ("split", "recompute_w_u", "recompute_w_u_fwd_kernel", "wu_kernel"),
+STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argument that
+    # replaces it, the kernels/ file the change applies to when not the kernel's own)
+    "seed": ("seed", "kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel", "A_kernel", None),
+    "fused": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel", None),
+    "split": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", None),
+    "split_wu": ("split", "recompute_w_u", "recompute_w_u_fwd_kernel", "wu_kernel", "tiles"),
 }
 
 
@@ -325,12 +317,19 @@ def kernel_variant(name):
     """``(path, {argument: kernel})``: the torch path to time and the kernel
     that replaces one of its stages (``fwd_intra_torch``'s ``A_kernel`` or
     ``wu_kernel``), built from its kernels/ file with one change (VARIANTS)
-    as a fresh module."""
+    as a fresh module. A change of a helper file (``tiles.py``) is pasted
+    into the kernel's file in place of its import."""
     import gdn_jax.kernels
 
     change, stage = VARIANTS[name]
-    path, file, kernel, argument = STAGES[stage]
-    src = change((pathlib.Path(gdn_jax.kernels.__file__).parent / f"{file}.py").read_text())
+    path, file, kernel, argument, helpers = STAGES[stage]
+    kernels = pathlib.Path(gdn_jax.kernels.__file__).parent
+    src = (kernels / f"{file}.py").read_text()
+    if helpers is None:
+        src = change(src)
+    else:
+        src = re.sub(rf"^from \.{helpers} import .*$", lambda _: change((kernels / f"{helpers}.py").read_text()),
+                     src, count=1, flags=re.M)
     tmp = pathlib.Path(tempfile.mkdtemp()) / f"{file}_{name}.py"
     tmp.write_text(src)
     spec = importlib.util.spec_from_file_location(f"gdn_jax.kernels.{file}_{name}", tmp)

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .safe_exp import safe_exp
-from .tiles import load_rows, program_chunk, store_A_times, tile_ptr
+from .tiles import load_rows, program_chunk, store_w_u, tile_ptr
 from .unit_lower import unit_lower_inverses_from_transposes
 
 
@@ -267,12 +267,7 @@ def gdn_fwd_intra_fused_kernel(
     # comes from L2, not HBM. It is the stored A, rounded to k's dtype, so both
     # Triton paths compute w and u from the same A.
     tl.debug_barrier()
-    b_A = tl.load(tile_ptr(A, T, BT, H * BT, i_tc0, 0, BT, BT), boundary_check=(0, 1))
-    b_beta = load_rows(beta, T, H, i_tc0, BT)
-    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)
-    if USE_G:
-        b_beta *= tl.exp(load_rows(g, T, H, i_tc0, BT))
-    store_A_times(b_A, k, w, b_beta, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)
+    store_w_u(A, k, v, g, beta, w, u, T, i_tc0, H, Hg, K, V, BT, BK, BV, USE_G, DOT_PRECISION)
 
 # The A part alone, on the same head-fastest grid: with recompute_w_u.py after
 # it, the split path (``impl="split"``), where each kernel runs at its own best

@@ -14,7 +14,7 @@ Parameter order follows jax-triton: inputs, the scalar ``T``, then the outputs
 import triton
 import triton.language as tl
 
-from .tiles import load_rows, program_chunk, store_A_times, tile_ptr
+from .tiles import program_chunk, store_w_u
 
 
 @triton.autotune(
@@ -55,17 +55,7 @@ def recompute_w_u_fwd_kernel(
     if i_t * BT >= T:
         return
 
-    # Per-row factors of this chunk: beta, and beta * exp(g) for the keys.
-    i_tc0 = i_t * BT
-    b_beta = load_rows(beta + bos * H + i_h, T, H, i_tc0, BT)
-    b_kscale = b_beta
-    if USE_G:
-        b_kscale = b_beta * tl.exp(load_rows(g + bos * H + i_h, T, H, i_tc0, BT))
-
-    # The chunk's (I + L)^-1, rows past the sequence end read as zero.
-    b_A = tl.load(tile_ptr(A + (bos * H + i_h) * BT, T, BT, H * BT, i_tc0, 0, BT, BT),
-                  boundary_check=(0, 1))
-    store_A_times(b_A, v + (bos * H + i_h) * V, u + (bos * H + i_h) * V, b_beta,
-                  T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)
-    store_A_times(b_A, k + (bos * Hg + i_h // (H // Hg)) * K, w + (bos * H + i_h) * K, b_kscale,
-                  T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)
+    store_w_u(A + (bos * H + i_h) * BT, k + (bos * Hg + i_h // (H // Hg)) * K,
+              v + (bos * H + i_h) * V, g + bos * H + i_h, beta + bos * H + i_h,
+              w + (bos * H + i_h) * K, u + (bos * H + i_h) * V, T, i_t * BT,
+              H, Hg, K, V, BT, BK, BV, USE_G, DOT_PRECISION)

@@ -39,6 +39,24 @@ def store_A_times(b_A, x, y, scale, T, C, x_stride, y_stride, r0, BT: tl.constex
 
 
 @triton.jit
+def store_w_u(A, k, v, g, beta, w, u, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr,
+              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+              BV: tl.constexpr, USE_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``u = A (beta v)`` and ``w = A (beta exp(g) k)`` for the chunk from row
+    ``i_tc0``, with ``A`` the chunk's stored ``(I + L)^-1`` (rows past the
+    sequence end read as zero). ``k`` points at the sequence's first row and
+    the key head, the other pointers at that row and the value head."""
+    # Per-row factors of this chunk: beta, and beta * exp(g) for the keys.
+    b_beta = load_rows(beta, T, H, i_tc0, BT)
+    b_kscale = b_beta
+    if USE_G:
+        b_kscale = b_beta * tl.exp(load_rows(g, T, H, i_tc0, BT))
+    b_A = tl.load(tile_ptr(A, T, BT, H * BT, i_tc0, 0, BT, BT), boundary_check=(0, 1))
+    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)
+    store_A_times(b_A, k, w, b_kscale, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)
+
+
+@triton.jit
 def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
     """``(i_t, i_h, bos, T)`` of this program on the head-fastest grid: the
     chunk's index inside its sequence, the value head, the sequence's first row
