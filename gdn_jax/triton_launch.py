@@ -19,7 +19,7 @@ from .validate import check_kernel_dtypes
 BC = 16  # sub-block rows of the fused kernels (4 x 16 = 64)
 
 
-def fused_grid(NT: int, H: int, B: int) -> tuple[int, int]:
+def head_fastest_grid(NT: int, H: int, B: int) -> tuple[int, int]:
     """Grid of every kernel but the seed's kkt_solve: (chunk, value head) pairs
     with the head fastest, so GQA heads of one key head run side by side; batch rows."""
     return (NT * H, B)
@@ -112,7 +112,7 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
     if B * T * H == 0 or NT == 0:
         return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
-    head_fastest = fused_grid(NT, H, B)  # every kernel but the seed's kkt_solve
+    head_fastest = head_fastest_grid(NT, H, B)  # every kernel but the seed's kkt_solve
     chunk_major = (NT, H, B)  # the seed's kkt_solve
     if path == "seed":
         check_grid(path, chunk_major, ("chunks NT", "value heads H", "batch rows B"))
