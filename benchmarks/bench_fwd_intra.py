@@ -238,23 +238,6 @@ def _max_registers(n):
 _WU_PRODUCTS = (
     "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
     "    store_A_times(b_A, k, w, b_kscale, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n")
-# ... as u and w in one loop (K = V): tiles.store_A_times_pair
-_WU_PAIR = _replace((_WU_PRODUCTS,
-                     "    tl.static_assert(K == V)\n"
-                     "    store_A_times_pair(b_A, v, u, b_beta, k, w, b_kscale, T, V, H * V, Hg * K, H * V,\n"
-                     "                       i_tc0, BT, BV, DOT_PRECISION)\n"))
-# ... with beta (and beta exp(g)) folded into A's columns: tiles.store_A_dot,
-# the v and k tiles fed to the dot as loaded
-_WU_SCALED_A = _replace((_WU_PRODUCTS,
-                         "    b_Af = b_A.to(tl.float32)\n"
-                         "    store_A_dot((b_Af * b_beta[None, :]).to(b_A.dtype), v, u, T, V, H * V, H * V,\n"
-                         "                i_tc0, BT, BV, DOT_PRECISION)\n"
-                         "    store_A_dot((b_Af * b_kscale[None, :]).to(b_A.dtype), k, w, T, K, Hg * K, H * K,\n"
-                         "                i_tc0, BT, BK, DOT_PRECISION)\n"))
-
-# fused_intra.store_chunk_A's first two lines: the first head's gates, then k k^T
-_GATES = '    b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)\n'
-_GRAMS = '    b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(\n        k, T, i_tc0, Hg, K, BC, BK)\n'
 
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
@@ -273,17 +256,6 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "split_rows": (_FUSED_ROWS, "split"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
-    # one A-kernel program per (chunk, key head) with GQA: k k^T once for the
-    # H // Hg value heads that read it (the others' programs exit at once)
-    "split_gqa": (_replace(
-        ("if i_t * BT >= T:\n        return\n    k += (bos * Hg",
-         "if i_t * BT >= T:\n        return\n    if i_h % (H // Hg) != 0:\n        return\n"
-         "    k += (bos * Hg"),
-        ("i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, 1)",
-         "i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, H // Hg)")), "split"),
-    # the split's A kernel with beta and g loaded after the k k^T loop (ptxas:
-    # 185 registers instead of 234 at BK=64, 1 warp)
-    "split_gates_late": (_replace((_GATES + _GRAMS, _GRAMS + _GATES)), "split"),
     # ablations (wrong results; timing only): the split path with one stage of
     # its A kernel left out, to place the time inside the kernel
     "ablate_A_kernel": (_replace(("if i_t * BT >= T:\n        return\n    k += (bos * Hg",
@@ -292,17 +264,10 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
                      "split"),
     "ablate_merge": (_merge_left_out, "split"),
     "ablate_k_blocks": (_replace(("for i_k in range(tl.cdiv(K, BK)):", "for i_k in range(1):")), "split"),
-    # the split path's w/u kernel (tiles.store_w_u) with column tiles twice as
-    # wide (one tile per matrix at K = V = 128), with the v and k tiles of a
-    # step loaded before either product (tiles.store_A_times_pair), and both
-    "wu_wide": (_replace((_WU_PRODUCTS, _WU_PRODUCTS.replace("BV, DOT", "2 * BV, DOT")
-                          .replace("BK, DOT", "2 * BK, DOT"))), "split_wu"),
-    "wu_pair": (_WU_PAIR, "split_wu"),
-    "wu_scaled_A": (_WU_SCALED_A, "split_wu"),
-    "wu_scaled_A_wide": (lambda src: _WU_SCALED_A(src).replace("BV, DOT_PRECISION)", "2 * BV, DOT_PRECISION)")
-                         .replace("BK, DOT_PRECISION)", "2 * BK, DOT_PRECISION)"), "split_wu"),
-    "wu_pair_wide": (lambda src: _WU_PAIR(src).replace("BV, DOT_PRECISION)", "2 * BV, DOT_PRECISION)"),
-                     "split_wu"),
+    # the split path's w/u kernel (tiles.store_w_u) with column tiles half as
+    # wide (session 5's 64 at K = V = 128)
+    "wu_narrow": (_replace((_WU_PRODUCTS, _WU_PRODUCTS.replace("BV, DOT", "BV // 2, DOT")
+                            .replace("BK, DOT", "BK // 2, DOT"))), "split_wu"),
 }
 STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argument that
     # replaces it, the kernels/ file the change applies to when not the kernel's own)

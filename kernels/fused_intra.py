@@ -190,24 +190,18 @@ def store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32,
 @triton.jit
 def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K: tl.constexpr,
                   BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, NH: tl.constexpr):
-    """``(I + L)^-1`` of the chunk from row ``i_tc0`` for ``NH`` consecutive
-    value heads that read one key head, stored into ``A``: ``k k^T`` once,
-    then each head's gates and inverse. ``k``, ``g``, ``beta`` and ``A`` point
-    at the sequence's first row and the program's (first) head. The first
-    head's ``beta`` and ``g`` are loaded before the ``k k^T`` loop (their
-    latency hides behind it, as measured; loaded after it, ptxas needs 185
-    registers instead of 234 at BK=64 and 1 warp: benchmark variant
-    ``split_gates_late``)."""
+                  DOT_PRECISION: tl.constexpr):
+    """``(I + L)^-1`` of the chunk from row ``i_tc0`` stored into ``A``.
+    ``k``, ``g``, ``beta`` and ``A`` point at the sequence's first row and the
+    program's head. ``beta`` and ``g`` are loaded before the ``k k^T`` loop:
+    their latency hides behind it (loaded after it, ptxas needs 185 registers
+    instead of 234 at BK=64, 1 warp, but the split path took 0.498 ms instead
+    of 0.481 at the headline shape, H200, session 6)."""
     b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)
     b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(
         k, T, i_tc0, Hg, K, BC, BK)
     store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,
                   b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3, A, T, i_tc0, H, BT, BC, USE_G, DOT_PRECISION)
-    for j in tl.static_range(1, NH):
-        b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g + j, beta + j, T, i_tc0, H, BC, USE_G)
-        store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,
-                      b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3, A + j * BT, T, i_tc0, H, BT, BC, USE_G, DOT_PRECISION)
 
 
 @triton.autotune(
@@ -259,7 +253,7 @@ def gdn_fwd_intra_fused_kernel(
     A += (bos * H + i_h) * BT
     beta += bos * H + i_h
     g += bos * H + i_h
-    store_chunk_A(k, g, beta, A, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, 1)
+    store_chunk_A(k, g, beta, A, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
 
     # u = A (beta v), w = A (beta exp(g) k) as in recompute_w_u.py, with A read
     # back whole as the [64, 64] tile this program just wrote: after the
@@ -307,4 +301,4 @@ def gdn_fwd_intra_A_kernel(
     g += bos * H + i_h
     beta += bos * H + i_h
     A += (bos * H + i_h) * BT
-    store_chunk_A(k, g, beta, A, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, 1)
+    store_chunk_A(k, g, beta, A, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)

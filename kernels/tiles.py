@@ -71,39 +71,3 @@ def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.c
     else:
         bos = i_b.to(tl.int64) * T
     return i_t, i_h, bos, T
-
-
-@triton.jit
-def store_A_times_pair(b_A, x1, y1, scale1, x2, y2, scale2, T, C, x1_stride, x2_stride, y_stride,
-                       r0, BT: tl.constexpr, BX: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``y1 = A (scale1 * x1)`` and ``y2 = A (scale2 * x2)`` as two
-    :func:`store_A_times` calls, for ``[T, C]`` matrices of the same width,
-    with both column tiles of a step loaded before either product: twice the
-    bytes in flight per program. Not used by the kernels yet: a variant of
-    ``recompute_w_u.py`` for ``benchmarks/bench_fwd_intra.py`` (``wu_pair``)."""
-    for i_x in range(tl.cdiv(C, BX)):
-        b_x1 = tl.load(tile_ptr(x1, T, C, x1_stride, r0, i_x * BX, BT, BX), boundary_check=(0, 1))
-        b_x2 = tl.load(tile_ptr(x2, T, C, x2_stride, r0, i_x * BX, BT, BX), boundary_check=(0, 1))
-        b_y1 = tl.dot(b_A, (b_x1 * scale1[:, None]).to(b_A.dtype), input_precision=DOT_PRECISION)
-        b_y2 = tl.dot(b_A, (b_x2 * scale2[:, None]).to(b_A.dtype), input_precision=DOT_PRECISION)
-        tl.store(tile_ptr(y1, T, C, y_stride, r0, i_x * BX, BT, BX), b_y1.to(y1.dtype.element_ty),
-                 boundary_check=(0, 1))
-        tl.store(tile_ptr(y2, T, C, y_stride, r0, i_x * BX, BT, BX), b_y2.to(y2.dtype.element_ty),
-                 boundary_check=(0, 1))
-
-
-@triton.jit
-def store_A_dot(b_A, x, y, T, C, x_stride, y_stride, r0, BT: tl.constexpr, BX: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
-    """``y = A x`` for the ``BT`` rows of one chunk from row ``r0``: as
-    :func:`store_A_times` with its row scale folded into the columns of
-    ``b_A`` by the caller (``A diag(scale) x = A (scale * x)``), so the ``x``
-    tiles go from memory into the dot untouched (Triton may then copy them
-    to shared memory asynchronously). Not used by the kernels yet: a variant
-    of ``recompute_w_u.py`` for ``benchmarks/bench_fwd_intra.py``
-    (``wu_scaled_A``)."""
-    for i_x in range(tl.cdiv(C, BX)):
-        b_x = tl.load(tile_ptr(x, T, C, x_stride, r0, i_x * BX, BT, BX), boundary_check=(0, 1))
-        b_y = tl.dot(b_A, b_x, input_precision=DOT_PRECISION)
-        tl.store(tile_ptr(y, T, C, y_stride, r0, i_x * BX, BT, BX), b_y.to(y.dtype.element_ty),
-                 boundary_check=(0, 1))

@@ -31,10 +31,9 @@ for phase in "$@"; do
     # the table (JSON written after every shape), then the T sweep for the chart
     bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -12;;
     sweep) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/sweep" --no-reference --shapes headline --sweep 2>&1 | tee "$OUT/sweep_jt$JT.log" | tail -12;;
-    # session 5's untimed variants (w/u kernel; A kernel: GQA-shared grams, gates
-    # loaded late) and the split path with an empty A kernel (w/u alone); all of
-    # VARIANTS do not fit one call
-    variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants ablate_A_kernel,wu_wide,wu_pair,wu_pair_wide,wu_scaled_A,wu_scaled_A_wide,split_gqa,split_gates_late 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
+    # the split path with an empty A kernel (w/u alone) and with session 5's w/u
+    # tiles; all of VARIANTS do not fit one call
+    variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants ablate_A_kernel,wu_narrow 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
     *) bash -c "$phase";;
   esac
 done

@@ -31,7 +31,7 @@ from triton.backends.compiler import GPUTarget
 from gdn_jax.kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
 from gdn_jax.kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
 from gdn_jax.kernels.recompute_w_u import recompute_w_u_fwd_kernel
-from gdn_jax.triton_launch import BC, _block
+from gdn_jax.triton_launch import BC, _block, wu_blocks
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
@@ -82,7 +82,7 @@ def main():
                              dict(k=bf, g=f32, beta=f32, **runtime, A=bf), dict(**heads, BC=BC, **flags)),
         "recompute_w_u": (recompute_w_u_fwd_kernel,
                           dict(k=bf, v=bf, beta=f32, g=f32, A=bf, **runtime, w=bf, u=bf),
-                          dict(**heads, V=a.K, BK=_block(a.K), BV=_block(a.K), **flags)),
+                          dict(**heads, V=a.K, **wu_blocks(a.K, a.K), **flags)),
         "one-kernel (fused_intra)": (gdn_fwd_intra_fused_kernel,
                                      dict(k=bf, v=bf, g=f32, beta=f32, **runtime, w=bf, u=bf, A=bf),
                                      dict(**heads, V=a.K, BC=BC, BV=_block(a.K), **flags)),
