@@ -10,7 +10,9 @@ Every column is the median over repeated timed runs after warm-up, on random
 inputs. JAX and torch are timed the same way: wall clock around N back-to-back
 calls, then a device sync, divided by N (launches queue asynchronously, so
 this is device time once a call takes longer than its dispatch); torch's
-triton.testing.do_bench (CUDA events) is reported beside it. Prints the table
+triton.testing.do_bench (CUDA events) is reported beside it, and beside the
+JAX paths their GPU time: the wall clock of one jitted call that chains
+several calls, divided by their number (host dispatch amortized). Prints the table
 last, writes JSON (and, with --sweep, a PNG of time against T) under --out.
 """
 from __future__ import annotations
@@ -319,10 +321,24 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         ms, row[f"{impl}_enqueue_ms"] = timed(call, lambda: jax.block_until_ready(out[0]))
         return ms
 
+    def jax_gpu_time(impl):
+        """ms per call with the host's dispatch amortized: one jitted call runs
+        ``autotune.LAUNCHES_PER_CALL`` chained calls (``autotune.repeated``),
+        the JAX counterpart of torch's ``do_bench``."""
+        operands = [k, v, g, beta, cu]
+        arrays = [i for i, x in enumerate(operands) if x is not None]
+        run = autotune.repeated(lambda ops, impl: gdn_jax.fwd_intra(*ops[:4], cu_seqlens=ops[4], impl=impl),
+                                operands, arrays, dict(impl=impl))
+        args = [operands[i] for i in arrays]
+        out = [None]
+        return wall_median(lambda: out.__setitem__(0, run(*args)), lambda: jax.block_until_ready(out[0]),
+                           n_inner=5) / autotune.LAUNCHES_PER_CALL
+
     if with_jax:
         chosen = set(autotune._CHOSEN)
         for col, impl in IMPLS.items():
             row[f"{col}_ms"] = jax_time(impl)
+            row[f"{col}_gpu_ms"] = jax_gpu_time(impl)
         row["jax_configs"] = {key[0]: cfg for key, cfg in autotune._CHOSEN.items() if key not in chosen}
     if with_reference:
         row["jnp_reference_ms"] = jax_time("reference")
@@ -373,6 +389,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     for col in IMPLS:
         if f"torch_{col}_ms" in row and f"{col}_ms" in row:
             row[f"{col}_jax_over_torch"] = row[f"{col}_ms"] / row[f"torch_{col}_ms"]
+            row[f"{col}_gpu_jax_over_torch"] = row[f"{col}_gpu_ms"] / row[f"torch_{col}_do_bench_ms"]
     if with_jax:
         for col in ("split", "fused"):
             row[f"{col}_over_floor"] = row[f"{col}_ms"] / row["floor_ms"]
@@ -387,6 +404,9 @@ TABLE = [  # (column, header)
     ("split_jax_over_torch", "split jax/torch"), ("fused_jax_over_torch", "1k jax/torch"),
     ("seed_jax_over_torch", "seed jax/torch"),
     ("split_over_floor", "split/floor"), ("split_over_seed", "split/seed"), ("fused_over_seed", "1k/seed"),
+    ("split_gpu_ms", "split GPU"), ("fused_gpu_ms", "1k GPU"), ("seed_gpu_ms", "seed GPU"),
+    ("split_gpu_jax_over_torch", "split GPU jax/torch"), ("fused_gpu_jax_over_torch", "1k GPU jax/torch"),
+    ("seed_gpu_jax_over_torch", "seed GPU jax/torch"),
 ]
 
 
