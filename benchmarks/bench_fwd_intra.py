@@ -236,6 +236,8 @@ def _max_registers(n):
     return _replace((f"{config})\n", f"{config}, maxnreg={n})\n"))
 
 
+_SUBSTITUTION_LOOP = _replace(("for i in tl.static_range(1, BC):", "for i in range(1, BC):"))
+
 # tiles.store_w_u's two products (the w/u kernel's, and the one kernel's tail)
 _WU_PRODUCTS = (
     "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
@@ -256,6 +258,10 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "split_neumann": (_FUSED_NEUMANN, "split"),
     "fused_rows": (_FUSED_ROWS, "fused"),
     "split_rows": (_FUSED_ROWS, "split"),
+    # the L^T substitution as a loop (session 5's first form): smaller PTX, so a
+    # smaller opaque string for jaxlib to hash on every call (benchmarks/host_cost.py)
+    "fused_loop": (_SUBSTITUTION_LOOP, "fused_unit_lower"),
+    "split_loop": (_SUBSTITUTION_LOOP, "split_unit_lower"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of
@@ -277,6 +283,8 @@ STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argumen
     "fused": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel", None),
     "split": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", None),
     "split_wu": ("split", "recompute_w_u", "recompute_w_u_fwd_kernel", "wu_kernel", "tiles"),
+    "fused_unit_lower": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel", "unit_lower"),
+    "split_unit_lower": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", "unit_lower"),
 }
 
 

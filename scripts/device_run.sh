@@ -2,7 +2,7 @@
 # GPU-machine session: installs the carried jax-triton wheel and this package
 # into /tmp (no registry there), then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | <any command, run with the env set>
+#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | host-cost | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels) and .shim (the triton36 sitecustomize).
 set -uo pipefail
 JT=$1; shift
@@ -34,6 +34,8 @@ for phase in "$@"; do
     # the split path with an empty A kernel (w/u alone) and with session 5's w/u
     # tiles; all of VARIANTS do not fit one call
     variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants ablate_A_kernel,wu_narrow 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
+    # host time per call against the custom calls' opaque size (shipped vs loop substitution)
+    host-cost) python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
     *) bash -c "$phase";;
   esac
 done
