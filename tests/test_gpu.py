@@ -65,6 +65,14 @@ def test_gqa_and_no_gate(impl, dtype, ratio, record_errors):
               record=record_errors)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("KV", [(256, 256), (96, 160), (64, 32)], ids=lambda kv: f"K{kv[0]}V{kv[1]}")
+def test_head_dims(impl, dtype, KV, record_errors):
+    """Head dims other than 128: two 128-wide w/u column tiles (256), masked
+    tail columns (96, 160), tiles narrower than 64."""
+    check(impl, dtype, *make_inputs(KV[1], 1, 200, 2, 4, *KV, dtype), record=record_errors)
+
+
 VARLEN = [
     [0, 1, 1, 64, 65, 130, 193, 1193],  # lengths 1, 0, 63, 1, 65, 63, 1000
     [0, 0, 700, 700, 1300, 1300],  # empty first, middle and last
