@@ -121,6 +121,24 @@ def timed(fn, sync, n_inner=20, reps=7, warmup=3):
     return statistics.median(times), statistics.median(queued)
 
 
+NOT_KERNELS = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
+
+
+def device_ops(compiled_hlo: str) -> dict:
+    """``{opcode: count}`` of the optimized HLO's ENTRY computation, less the
+    instructions that launch nothing (parameters, constants, tuples,
+    bitcasts): the Triton custom calls, and any fusion or copy XLA adds
+    around them (an extra kernel per call that torch's launch does not run)."""
+    entry = compiled_hlo[compiled_hlo.index("\nENTRY "):]
+    entry = entry[:entry.index("\n}")]
+    ops = {}
+    for line in entry.splitlines()[1:]:
+        m = re.search(r"= .*? ([a-z][a-z0-9-]*)\(", line)
+        if m and m.group(1) not in NOT_KERNELS:
+            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    return ops
+
+
 def wall_median(fn, sync, **kw):
     """Median ms per call (:func:`timed`'s wall time)."""
     return timed(fn, sync, **kw)[0]
@@ -389,6 +407,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             out[0] = f(k, v, g, beta, cu)
 
         ms, row[f"{impl}_enqueue_ms"] = timed(call, lambda: jax.block_until_ready(out[0]))
+        row[f"{impl}_device_ops"] = device_ops(f.lower(k, v, g, beta, cu).compile().as_text())
         return ms
 
     def jax_gpu_time(impl):
