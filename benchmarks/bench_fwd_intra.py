@@ -265,12 +265,6 @@ _SUBSTITUTION_LOOP = _replace(("for i in tl.static_range(1, BC):", "for i in ran
 _BLOCKED_STEP = '''
 
 @triton.jit
-def row_of(b_NT, o_i, i):
-    """N[i, :] as column i of N^T."""
-    return tl.sum(tl.where((o_i == i)[None, :], b_NT, 0.0), 1)
-
-
-@triton.jit
 def entry(b_n, o_i, s):
     """b_n[s] (a scalar)."""
     return tl.sum(tl.where(o_i == s, b_n, 0.0), 0)
@@ -279,13 +273,13 @@ def entry(b_n, o_i, s):
 @triton.jit
 def substitute_columns(b_X, b_NT, o_i, i, R: tl.constexpr):
     """Rows i .. i + R - 1 of the forward substitution (R = 2 or 4)."""
-    b_n0 = row_of(b_NT, o_i, i)
-    b_n1 = row_of(b_NT, o_i, i + 1)
+    b_n0 = row_from_transpose(b_NT, o_i, i)
+    b_n1 = row_from_transpose(b_NT, o_i, i + 1)
     b_d0 = tl.sum(b_n0[:, None] * b_X, 0)
     b_d1 = tl.sum(b_n1[:, None] * b_X, 0)
     if R == 4:
-        b_n2 = row_of(b_NT, o_i, i + 2)
-        b_n3 = row_of(b_NT, o_i, i + 3)
+        b_n2 = row_from_transpose(b_NT, o_i, i + 2)
+        b_n3 = row_from_transpose(b_NT, o_i, i + 3)
         b_d2 = tl.sum(b_n2[:, None] * b_X, 0)
         b_d3 = tl.sum(b_n3[:, None] * b_X, 0)
     b_d1 -= entry(b_n1, o_i, i) * b_d0
