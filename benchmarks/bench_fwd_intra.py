@@ -393,8 +393,11 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     cu = None if lens is None else jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     row = dict(shape=name, B=B, T=T, Hg=Hg, H=H, K=K, V=V, packed=lens is not None)
 
+    def fwd(k, v, g, beta, cu, impl):
+        return gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu, impl=impl)
+
     def jax_time(impl):
-        f = jax.jit(lambda k, v, g, beta, cu: gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu, impl=impl))
+        f = jax.jit(lambda *arrays: fwd(*arrays, impl))
         out = [None]
 
         def call():
@@ -410,8 +413,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         the JAX counterpart of torch's ``do_bench``."""
         operands = [k, v, g, beta, cu]
         arrays = [i for i, x in enumerate(operands) if x is not None]
-        run = autotune.repeated(lambda ops, impl: gdn_jax.fwd_intra(*ops[:4], cu_seqlens=ops[4], impl=impl),
-                                operands, arrays, dict(impl=impl))
+        run = autotune.repeated(lambda ops, impl: fwd(*ops, impl), operands, arrays, dict(impl=impl))
         args = [operands[i] for i in arrays]
         out = [None]
         return wall_median(lambda: out.__setitem__(0, run(*args)), lambda: jax.block_until_ready(out[0]),

@@ -41,8 +41,8 @@ LOOPS = {"triton": ("gdn_fwd_intra_fused_kernel", "fused_loop"),
 @contextlib.contextmanager
 def kernel_replaced(attr, kernel):
     """``kernels/fused_intra.py``'s ``attr`` is ``kernel`` inside (the launcher
-    imports it at each call)."""
-    if attr is None:
+    imports it at each call); nothing changes for ``kernel=None``."""
+    if kernel is None:
         yield
         return
     old = getattr(fused_intra, attr)
@@ -83,7 +83,7 @@ def main():
         for impl, (attr, loop) in LOOPS.items():
             for form in ("unrolled", "loop") if loop else ("as shipped",):
                 kernel = next(iter(kernel_variant(loop)[1].values())) if form == "loop" else None
-                with kernel_replaced(attr if kernel else None, kernel):
+                with kernel_replaced(attr, kernel):
                     rows.append(dict(shape=shape_name, impl=impl, substitution=form,
                                      **measure(shape, impl)))
                 print(json.dumps(rows[-1]), flush=True)
