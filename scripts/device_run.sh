@@ -35,7 +35,7 @@ for phase in "$@"; do
     # and as a loop; all of VARIANTS do not fit one call
     variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants split_pairs,split_quads,fused_pairs,fused_quads,split_loop,fused_loop 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
     # host time per call against the custom calls' opaque size (shipped vs loop substitution)
-    host-cost) python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
+    host-cost) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
     *) bash -c "$phase";;
   esac
 done
