@@ -256,57 +256,6 @@ def _max_registers(n):
 
 _SUBSTITUTION_LOOP = _replace(("for i in tl.static_range(1, BC):", "for i in range(1, BC):"))
 
-# unit_lower.py's substitution R rows per step (R = 2, 4): the R rows' sums
-# read the same X (independent reductions), then a small triangular fix-up
-# with the scalars N[i + r, i + s] (no cross-thread work on the chain):
-#   d_r = (N[i + r, :] . X)  -  sum_{s < r} N[i + r, i + s] d_s,  X[i + r] -= d_r
-# so one reduction's latency per R rows on the dependent chain, for
-# R (R - 1) / 2 more (vector) reductions per step, off the chain.
-_BLOCKED_STEP = '''
-
-@triton.jit
-def entry(b_n, o_i, s):
-    """b_n[s] (a scalar)."""
-    return tl.sum(tl.where(o_i == s, b_n, 0.0), 0)
-
-
-@triton.jit
-def substitute_columns(b_X, b_NT, o_i, i, R: tl.constexpr):
-    """Rows i .. i + R - 1 of the forward substitution (R = 2 or 4)."""
-    b_n0 = row_from_transpose(b_NT, o_i, i)
-    b_n1 = row_from_transpose(b_NT, o_i, i + 1)
-    b_d0 = tl.sum(b_n0[:, None] * b_X, 0)
-    b_d1 = tl.sum(b_n1[:, None] * b_X, 0)
-    if R == 4:
-        b_n2 = row_from_transpose(b_NT, o_i, i + 2)
-        b_n3 = row_from_transpose(b_NT, o_i, i + 3)
-        b_d2 = tl.sum(b_n2[:, None] * b_X, 0)
-        b_d3 = tl.sum(b_n3[:, None] * b_X, 0)
-    b_d1 -= entry(b_n1, o_i, i) * b_d0
-    b_X = tl.where((o_i == i)[:, None], b_X - b_d0[None, :], b_X)
-    b_X = tl.where((o_i == i + 1)[:, None], b_X - b_d1[None, :], b_X)
-    if R == 4:
-        b_d2 -= entry(b_n2, o_i, i) * b_d0 + entry(b_n2, o_i, i + 1) * b_d1
-        b_d3 -= (entry(b_n3, o_i, i) * b_d0 + entry(b_n3, o_i, i + 1) * b_d1
-                 + entry(b_n3, o_i, i + 2) * b_d2)
-        b_X = tl.where((o_i == i + 2)[:, None], b_X - b_d2[None, :], b_X)
-        b_X = tl.where((o_i == i + 3)[:, None], b_X - b_d3[None, :], b_X)
-    return b_X
-
-'''
-
-
-def _blocked_substitution(R):
-    """A change of unit_lower.py: unit_lower_inverses_from_transposes taking
-    R rows per step (_BLOCKED_STEP), from row 0 (all-zero for a strictly lower N)."""
-    calls = "".join(f"        b_X{j} = substitute_columns(b_X{j}, b_NT{j}, o_i, i, {R})\n" for j in range(4))
-    return _replace(
-        ("@triton.jit\ndef unit_lower_inverses_from_transposes(",
-         _BLOCKED_STEP.lstrip("\n") + "\n@triton.jit\ndef unit_lower_inverses_from_transposes("),
-        ("    for i in tl.static_range(1, BC):\n"
-         + "".join(f"        b_X{j} = substitute_column(b_X{j}, b_NT{j}, o_i, i)\n" for j in range(4)),
-         f"    for i in tl.static_range(0, BC, {R}):\n" + calls))
-
 # tiles.store_w_u's two products (the w/u kernel's, and the one kernel's tail)
 _WU_PRODUCTS = (
     "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
@@ -331,11 +280,6 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     # smaller opaque string for jaxlib to hash on every call (benchmarks/host_cost.py)
     "fused_loop": (_SUBSTITUTION_LOOP, "fused_unit_lower"),
     "split_loop": (_SUBSTITUTION_LOOP, "split_unit_lower"),
-    # ... two and four rows per step (one reduction on the chain per step)
-    "fused_pairs": (_blocked_substitution(2), "fused_unit_lower"),
-    "split_pairs": (_blocked_substitution(2), "split_unit_lower"),
-    "fused_quads": (_blocked_substitution(4), "fused_unit_lower"),
-    "split_quads": (_blocked_substitution(4), "split_unit_lower"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of

@@ -31,9 +31,9 @@ for phase in "$@"; do
     # the table (JSON written after every shape), then the T sweep for the chart
     bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -12;;
     sweep) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/sweep" --no-reference --shapes headline --sweep 2>&1 | tee "$OUT/sweep_jt$JT.log" | tail -12;;
-    # session 6's untimed variants: the substitution two and four rows per step,
-    # and as a loop; all of VARIANTS do not fit one call
-    variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants split_pairs,split_quads,fused_pairs,fused_quads,split_loop,fused_loop 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
+    # kernel variants (benchmarks/bench_fwd_intra.py VARIANTS) against the shipped
+    # kernels, torch do_bench at the headline: VARIANTS=name,name (8 take ~310 s)
+    variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants "${VARIANTS:?set VARIANTS=name,name}" 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
     # host time per call against the custom calls' opaque size (shipped vs loop substitution)
     host-cost) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
     *) bash -c "$phase";;
