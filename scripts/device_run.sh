@@ -2,7 +2,7 @@
 # GPU-machine session: installs the carried jax-triton wheel and this package
 # into /tmp (no registry there), then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | host-cost | <any command, run with the env set>
+#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels) and .shim (the triton36 sitecustomize).
 set -uo pipefail
 JT=$1; shift
@@ -36,6 +36,16 @@ for phase in "$@"; do
     variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants "${VARIANTS:?set VARIANTS=name,name}" 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
     # host time per call against the custom calls' opaque size (shipped vs loop substitution)
     host-cost) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
+    # Which assembler jaxlib runs on jax-triton's PTX (XLA's CompileGpuAsm:
+    # libnvptxcompiler if linked in, else the first ptxas on PATH), then JAX's
+    # GPU time at the headline with Triton's own ptxas first on PATH, against
+    # the torch launch (one fixed config on both sides)
+    assembler)
+      TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=cuda_asm_compiler=3,subprocess_compilation=3 GDN_JAX_AUTOTUNE=0 \
+        python3 -P -c "import jax, gdn_jax; x = jax.random.normal(jax.random.key(0), (1, 64, 1, 128), 'bfloat16'); b = jax.numpy.ones((1, 64, 1), 'float32'); jax.block_until_ready(gdn_jax.fwd_intra(x, x, -b, b / 2, impl='split'))" 2>&1 \
+        | grep -i "asm\|ptxas\|nvptx" | head -8 | tee "$OUT/assembler.log"
+      mkdir -p /tmp/triton_ptxas && ln -sf "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')/backends/nvidia/bin/ptxas" /tmp/triton_ptxas/ptxas
+      PATH=/tmp/triton_ptxas:$PATH TRITON_CACHE_DIR=/tmp/triton_cache_asm python3 -P benchmarks/bench_fwd_intra.py --fixed-config --no-reference --shapes headline --out "$OUT/assembler" 2>&1 | tail -3 | tee -a "$OUT/assembler.log";;
     *) bash -c "$phase";;
   esac
 done
