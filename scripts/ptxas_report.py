@@ -59,7 +59,9 @@ def ptxas_info(autotuner, signature, constexprs, config):
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spills = int(re.search(r"(\d+) bytes spill stores", out).group(1))
     code = compiled.asm["ptx"].split("\t.section\t.debug")[0]  # the DWARF sections name inlined helpers
-    code = re.sub(r"^\s*//.*$|^\s*\.loc.*$|^\s*\.file.*$", "", code, flags=re.M)
+    # ... and so do the $L__tmp labels that mark inlined scopes for them
+    code = re.sub(r"^\s*//.*$|^\s*\.loc.*$|^\s*\.file.*$|^\$L__tmp\d+:$", "", code, flags=re.M)
+    code = "\n".join(line for line in code.splitlines() if line.strip())
     ptx_hash = hashlib.sha1(code.encode()).hexdigest()[:8]
     packed_kb = len(zlib.compress((compiled.asm["ptx"] + compiled.asm["ttir"]).encode())) / 1024
     return regs, spills, compiled.metadata.shared, ptx_hash, packed_kb
