@@ -4,7 +4,7 @@ kernel ``impl="split"``, and the seed's two kernels ``impl="seed"``), the same
 kernels launched from torch, the jnp reference under
 jax.jit, and the bandwidth floor (bytes that must move / measured copy bandwidth).
 
-    python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants [NAME,...]]
+    python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants [NAME,...]] [--overlap]
 
 Every column is the median over repeated timed runs after warm-up, on random
 inputs. JAX and torch are timed the same way: wall clock around N back-to-back
@@ -18,6 +18,7 @@ last, writes JSON (and, with --sweep, a PNG of time against T) under --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -331,8 +332,34 @@ def kernel_variant(name):
     return path, {argument: getattr(mod, kernel)}
 
 
+# benchmarks/overlap_intra.py's settings: (lag, w/u column tile, warps)
+OVERLAP = [(1056, 32, 1), (4224, 32, 1), (1056, 64, 2)]
+
+
+def overlap_times(row, inputs, varlen, split_outs):
+    """Torch ``do_bench`` of the experimental interleaved launch
+    (``overlap_intra.py``) at each of OVERLAP, and its largest difference from
+    the split path's outputs (same A arithmetic, so small), into ``row``."""
+    import torch
+    import triton.testing
+
+    from overlap_intra import fwd_intra_overlap_torch
+
+    for lag, tile, warps in OVERLAP:
+        name = f"overlap_lag{lag}_tile{tile}_warps{warps}"
+        call = functools.partial(fwd_intra_overlap_torch, *inputs, **varlen, lag=lag, wu_tile=tile,
+                                 num_warps=warps)
+        outs = call()
+        row[f"{name}_max_rel_diff_vs_split"] = max(
+            ((o.float() - r.float()).abs().max() / r.float().abs().max()).item()
+            for o, r in zip(outs, split_outs))
+        row[f"torch_{name}_do_bench_ms"] = triton.testing.do_bench(call, warmup=50, rep=300,
+                                                                   return_mode="median")
+        torch.cuda.synchronize()
+
+
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants,
-                with_jax=True):
+                with_jax=True, overlap=False):
     k, v, g, beta = make_inputs(B, T, Hg, H, K, V)
     cu = None if lens is None else jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     row = dict(shape=name, B=B, T=T, Hg=Hg, H=H, K=K, V=V, packed=lens is not None)
@@ -414,6 +441,9 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
                 row[f"{name}_config"] = str(next(iter(replaced.values())).best_config)
         if variants:
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
+        if overlap:
+            overlap_times(row, (tk, tv, tg, tb), dict(cu_seqlens=tcu, chunk_indices=ci),
+                          tcall(path="split")())
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     for col in IMPLS:
         if f"torch_{col}_ms" in row and f"{col}_ms" in row:
@@ -450,6 +480,14 @@ def print_table(rows, bw):
                               if f"torch_{n}_do_bench_ms" in r)
                   + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; split "
                   f"{r['torch_split_do_bench_ms']:.4f}")
+    for r in rows:
+        timed_overlap = [key for key in r if key.startswith("torch_overlap_")]
+        if timed_overlap:
+            print(f"{r['shape']} overlap_intra.py, torch do_bench median ms (split "
+                  f"{r['torch_split_do_bench_ms']:.4f}): " + "; ".join(
+                      f"{key[len('torch_'):-len('_do_bench_ms')]} {r[key]:.4f} (max rel diff vs split "
+                      f"{r[key[len('torch_'):-len('_do_bench_ms')] + '_max_rel_diff_vs_split']:.1e})"
+                      for key in timed_overlap))
     print("| " + " | ".join(h for _, h in TABLE) + " |")
     print("|" + " --- |" * len(TABLE))
     for r in rows:
@@ -471,6 +509,8 @@ def main():
     p.add_argument("--variants", nargs="?", const=",".join(VARIANTS), default="",
                    help="also time these kernel variants (default all of VARIANTS: one change "
                         "each) at the headline shape")
+    p.add_argument("--overlap", action="store_true",
+                   help="also time benchmarks/overlap_intra.py's interleaved launch (torch)")
     p.add_argument("--replot", metavar="JSON",
                    help="only redraw the charts from a saved run's JSON (no GPU needed), into --out")
     args = p.parse_args()
@@ -502,7 +542,7 @@ def main():
         rows.append(bench_shape(name, *SHAPES[name], bw, with_torch,
                                 not (args.no_reference or args.torch_only),
                                 [v for v in args.variants.split(",") if v] if name == "headline" else [],
-                                not args.torch_only))
+                                not args.torch_only, args.overlap))
         print(json.dumps(rows[-1]), flush=True)
         # after every shape, so that a run cut by a time limit keeps its rows
         (out / "bench_fwd_intra.json").write_text(

@@ -131,3 +131,28 @@ def test_every_autotune_tile_size(path, kernel_name, monkeypatch, record_errors)
         record_errors(f"interpreter {path} BK={BK}", "float32",
                       check_against_numpy(outs, ref, "float32", 1, cu[-1], cu,
                                           tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
+
+
+@pytest.mark.parametrize("lag", [1, 3, 10**6])
+@pytest.mark.parametrize("cu", [None, [0, 1, 1, 64, 130]])
+def test_overlap_experiment(lag, cu, record_errors):
+    """benchmarks/overlap_intra.py (the split path's two kernels as one launch
+    whose programs take A builds and w/u products by ticket) computes the same
+    function, whatever the lag between an item's A build and its w/u."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "overlap_intra.py"
+    spec = importlib.util.spec_from_file_location("overlap_intra", path)
+    overlap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overlap)
+    T = 130 if cu is None else cu[-1]
+    k, v, g, beta = make_inputs(7, 2 if cu is None else 1, T, 2, 4, 32, 48, "float32", cu_seqlens=cu)
+    outs = overlap.fwd_intra_overlap_torch(
+        *(to_torch(x, torch.float32) for x in (k, v, g, beta)),
+        cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32),
+        lag=lag, wu_tile=16, dot_precision="ieee")
+    ref = fwd_intra_numpy(*as_f64(k, v, g, beta), cu_seqlens=cu)
+    record_errors("interpreter overlap", "float32",
+                  check_against_numpy([o.numpy() for o in outs], ref, "float32", 2 if cu is None else 1,
+                                      T, cu, tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
