@@ -336,26 +336,39 @@ def kernel_variant(name):
 OVERLAP = [(1056, 32, 1), (4224, 32, 1), (1056, 64, 2)]
 
 
-def overlap_times(row, inputs, varlen, split_outs):
+def overlap_times(row, inputs, varlen, split_outs, jax_inputs=None):
     """Torch ``do_bench`` of the experimental interleaved launch
     (``overlap_intra.py``) at each of OVERLAP, and its largest difference from
-    the split path's outputs (same A arithmetic, so small), into ``row``."""
+    the split path's outputs (same A arithmetic, so small), into ``row``; with
+    ``jax_inputs`` (fixed length) also the JAX launch's wall time and its
+    difference at OVERLAP's first setting, or the error it raised."""
     import torch
     import triton.testing
 
-    from overlap_intra import fwd_intra_overlap_torch
+    from overlap_intra import fwd_intra_overlap_jax, fwd_intra_overlap_torch
+
+    def max_rel_diff(outs):
+        return max(((torch.as_tensor(np.asarray(o, np.float32)) - r.float().cpu()).abs().max()
+                    / r.float().abs().max().cpu()).item() for o, r in zip(outs, split_outs))
 
     for lag, tile, warps in OVERLAP:
         name = f"overlap_lag{lag}_tile{tile}_warps{warps}"
-        call = functools.partial(fwd_intra_overlap_torch, *inputs, **varlen, lag=lag, wu_tile=tile,
-                                 num_warps=warps)
-        outs = call()
-        row[f"{name}_max_rel_diff_vs_split"] = max(
-            ((o.float() - r.float()).abs().max() / r.float().abs().max()).item()
-            for o, r in zip(outs, split_outs))
+        settings = dict(lag=lag, wu_tile=tile, num_warps=warps)
+        call = functools.partial(fwd_intra_overlap_torch, *inputs, **varlen, **settings)
+        row[f"{name}_max_rel_diff_vs_split"] = max_rel_diff([o.float().cpu() for o in call()])
         row[f"torch_{name}_do_bench_ms"] = triton.testing.do_bench(call, warmup=50, rep=300,
                                                                    return_mode="median")
         torch.cuda.synchronize()
+        if jax_inputs is not None and (lag, tile, warps) == OVERLAP[0]:  # one compile more per shape
+            try:
+                f = jax.jit(functools.partial(fwd_intra_overlap_jax, **settings))
+                outs = jax.block_until_ready(f(*jax_inputs))
+                row[f"jax_{name}_max_rel_diff_vs_split"] = max_rel_diff([o.astype(jnp.float32) for o in outs])
+                out = [None]
+                row[f"jax_{name}_ms"] = wall_median(lambda: out.__setitem__(0, f(*jax_inputs)),
+                                                    lambda: jax.block_until_ready(out[0]))
+            except Exception as e:  # an experiment: keep the torch numbers, say what failed
+                row[f"jax_{name}_error"] = f"{type(e).__name__}: {e}"[:500]
 
 
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants,
@@ -443,7 +456,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
         if overlap:
             overlap_times(row, (tk, tv, tg, tb), dict(cu_seqlens=tcu, chunk_indices=ci),
-                          tcall(path="split")())
+                          tcall(path="split")(), None if cu is not None else (k, v, g, beta))
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     for col in IMPLS:
         if f"torch_{col}_ms" in row and f"{col}_ms" in row:
@@ -488,6 +501,9 @@ def print_table(rows, bw):
                       f"{key[len('torch_'):-len('_do_bench_ms')]} {r[key]:.4f} (max rel diff vs split "
                       f"{r[key[len('torch_'):-len('_do_bench_ms')] + '_max_rel_diff_vs_split']:.1e})"
                       for key in timed_overlap))
+            for key in r:
+                if key.startswith("jax_overlap_"):
+                    print(f"  {key}: {r[key]}")
     print("| " + " | ".join(h for _, h in TABLE) + " |")
     print("|" + " --- |" * len(TABLE))
     for r in rows:

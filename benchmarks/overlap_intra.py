@@ -130,3 +130,31 @@ def fwd_intra_overlap_torch(k, v, g, beta, cu_seqlens=None, chunk_indices=None, 
         USE_G=g is not None, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
         num_warps=num_warps, num_stages=3)
     return w, u, A
+
+
+def fwd_intra_overlap_jax(k, v, g, beta, *, lag=1056, BK=64, wu_tile=32, num_warps=1):
+    """The same launch from JAX through jax-triton (fixed length, ``g`` given;
+    jax arrays shaped as :func:`gdn_jax.fwd_intra`'s): the ticket counter
+    and the ready flags are two more outputs, zeroed by jax-triton before the
+    launch (``zeroed_outputs``)."""
+    import jax
+    import jax.numpy as jnp
+
+    from gdn_jax.chunk_indices import cdiv
+    from gdn_jax.triton_launch import BC, dot_precision, triton_call
+
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    BT = 64
+    n_items = cdiv(T, BT) * H * B
+    out = (jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
+           jax.ShapeDtypeStruct((B, T, H, BT), k.dtype), jax.ShapeDtypeStruct((1,), jnp.int32),
+           jax.ShapeDtypeStruct((n_items,), jnp.int32))
+    dummy = jnp.zeros((1,), jnp.int32)
+    w, u, A, _, _ = triton_call(
+        k, v, g, beta, dummy, dummy, T, n_items, cdiv(T, BT) * H, max(1, min(lag, n_items)),
+        kernel=gdn_fwd_intra_overlap_kernel, out=out, grid=(2 * n_items,), zeroed_outputs=(3, 4),
+        H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BK=min(BK, triton.next_power_of_2(K)),
+        BKW=min(wu_tile, triton.next_power_of_2(K)), BVW=min(wu_tile, triton.next_power_of_2(V)),
+        USE_G=True, IS_VARLEN=False, DOT_PRECISION=dot_precision(), num_warps=num_warps, num_stages=3)
+    return w, u, A

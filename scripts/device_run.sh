@@ -46,8 +46,9 @@ for phase in "$@"; do
         | grep -i "asm\|ptxas\|nvptx" | head -8 | tee "$OUT/assembler.log"
       mkdir -p /tmp/triton_ptxas && ln -sf "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')/backends/nvidia/bin/ptxas" /tmp/triton_ptxas/ptxas
       PATH=/tmp/triton_ptxas:$PATH TRITON_CACHE_DIR=/tmp/triton_cache_asm python3 -P benchmarks/bench_fwd_intra.py --fixed-config --no-reference --shapes headline --out "$OUT/assembler" 2>&1 | tail -3 | tee -a "$OUT/assembler.log";;
-    # benchmarks/overlap_intra.py (the split's two kernels as one interleaved launch), torch only
-    overlap) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/overlap" --torch-only --shapes "${SHAPES:-headline,K256}" --overlap 2>&1 | tee "$OUT/overlap_jt$JT.log" | tail -6;;
+    # benchmarks/overlap_intra.py (the split's two kernels as one interleaved launch): torch at
+    # three settings, JAX at the first (fixed length); outputs compared with the split path's
+    overlap) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/overlap" --torch-only --shapes "${SHAPES:-headline,K256}" --overlap 2>&1 | tee "$OUT/overlap_jt$JT.log" | tail -16;;
     *) bash -c "$phase";;
   esac
 done
