@@ -526,7 +526,8 @@ def main():
                    help="also time these kernel variants (default all of VARIANTS: one change "
                         "each) at the headline shape")
     p.add_argument("--overlap", action="store_true",
-                   help="also time benchmarks/overlap_intra.py's interleaved launch (torch)")
+                   help="also time benchmarks/overlap_intra.py's interleaved launch (torch at every "
+                        "setting of OVERLAP, JAX at the first; fixed length for JAX)")
     p.add_argument("--replot", metavar="JSON",
                    help="only redraw the charts from a saved run's JSON (no GPU needed), into --out")
     args = p.parse_args()
