@@ -32,6 +32,7 @@ import gdn_jax.reference  # noqa: E402
 import gdn_jax.sharding  # noqa: E402
 from gdn_jax.chunk import chunk_gated_delta_rule  # noqa: E402
 from inputs import make_inputs  # noqa: E402
+from repo_files import load_module  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce", "reduce-scatter")
 
@@ -169,22 +170,12 @@ def triton_branch_case():
     return result
 
 
-def load_layer_module():
-    import importlib.util
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "flax_gdn_layer.py"
-    spec = importlib.util.spec_from_file_location("flax_gdn_layer", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def layer_case(head_parallel: bool):
     """The Flax layer, replicated parameters, x [B, T, hidden] sharded over
     batch; head-parallel: q, k, v, g, beta constrained to split over heads too."""
     from flax import nnx
 
-    mod = load_layer_module()
+    mod = load_module("examples/flax_gdn_layer.py")
     m = mesh((2, 2) if head_parallel else (4,), ("data", "model") if head_parallel else ("data",),
              AxisType.Auto)
     heads_over = (m, "model") if head_parallel else None

@@ -1,9 +1,7 @@
 """examples/flax_gdn_layer.py runs on CPU, and its layer is causal."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -12,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from repo_files import ROOT, load_module
+
 pytest.importorskip("flax")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "flax_gdn_layer.py"
+EXAMPLE = ROOT / "examples" / "flax_gdn_layer.py"
 
 
 def test_example_script_runs():
@@ -33,9 +33,7 @@ def test_example_script_runs():
 def test_layer_is_causal():
     from flax import nnx
 
-    spec = importlib.util.spec_from_file_location("flax_gdn_layer", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module("examples/flax_gdn_layer.py")
     layer = mod.GatedDeltaNet(32, 2, 4, 8, impl="reference", rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(layer)
     fwd = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))

@@ -23,6 +23,7 @@ import triton.language as tl  # noqa: E402
 from gdn_jax.torch_launch import fwd_intra_torch  # noqa: E402
 from inputs import as_f64, make_inputs  # noqa: E402
 from numpy_reference import check_against_numpy, fwd_intra_numpy  # noqa: E402
+from repo_files import load_module  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,14 +99,7 @@ def test_benchmark_kernel_variant(name, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
     inverted compute the same function (the other variants undo
     interpreter-safe changes and cannot run here)."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fwd_intra.py"
-    spec = importlib.util.spec_from_file_location("bench_fwd_intra", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    launch_path, replaced = bench.kernel_variant(name)
+    launch_path, replaced = load_module("benchmarks/bench_fwd_intra.py").kernel_variant(name)
     cu = [0, 1, 1, 64, 130]
     outs, ref = run("float32", 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=3,
                     path=dict(path=launch_path, **replaced))
@@ -135,19 +129,7 @@ def test_every_autotune_tile_size(path, kernel_name, monkeypatch, record_errors)
                                           tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
 
 
-def overlap_module():
-    """benchmarks/overlap_intra.py as a module."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "overlap_intra.py"
-    spec = importlib.util.spec_from_file_location("overlap_intra", path)
-    overlap = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(overlap)
-    return overlap
-
-
-overlap = overlap_module()
+overlap = load_module("benchmarks/overlap_intra.py")
 ticket_work = overlap.ticket_work  # a global, for the @triton.jit test kernel below
 
 
