@@ -98,6 +98,15 @@ def gdn_fwd_intra_overlap_kernel(
                       H, Hg, K, V, BT, BKW, BVW, USE_G, DOT_PRECISION)
 
 
+def launch_settings(n_items, K, V, lag, BK, wu_tile):
+    """``(lag, tiles)`` for a launch of ``n_items`` work items: ``lag`` clamped
+    to ``[1, n_items]``, and the ``A`` build's ``BK`` and the w/u products'
+    column tiles ``BKW``, ``BVW`` (each at most the head dim's power of two)."""
+    tiles = dict(BK=min(BK, triton.next_power_of_2(K)), BKW=min(wu_tile, triton.next_power_of_2(K)),
+                 BVW=min(wu_tile, triton.next_power_of_2(V)))
+    return max(1, min(lag, n_items)), tiles
+
+
 def fwd_intra_overlap_torch(k, v, g, beta, cu_seqlens=None, chunk_indices=None, chunk_size=64, *,
                             lag=1056, BK=64, wu_tile=32, num_warps=1, dot_precision="tf32"):
     """``(w, u, A)`` of :func:`gdn_jax.fwd_intra` (torch tensors, as
@@ -120,13 +129,13 @@ def fwd_intra_overlap_torch(k, v, g, beta, cu_seqlens=None, chunk_indices=None, 
     dummy = torch.zeros(1, dtype=torch.int32, device=k.device)
     ticket = torch.zeros(1, dtype=torch.int32, device=k.device)
     ready = torch.zeros(n_items, dtype=torch.int32, device=k.device)
+    lag, tiles = launch_settings(n_items, K, V, lag, BK, wu_tile)
     gdn_fwd_intra_overlap_kernel[(2 * n_items,)](
         k, v, dummy if g is None else g, beta,
         dummy if cu_seqlens is None else cu_seqlens.to(torch.int32),
         dummy if chunk_indices is None else chunk_indices.to(torch.int32),
-        T, n_items, NT * H, max(1, min(lag, n_items)), w, u, A, ticket, ready,
-        H=H, Hg=Hg, K=K, V=V, BT=chunk_size, BC=BC, BK=min(BK, triton.next_power_of_2(K)),
-        BKW=min(wu_tile, triton.next_power_of_2(K)), BVW=min(wu_tile, triton.next_power_of_2(V)),
+        T, n_items, NT * H, lag, w, u, A, ticket, ready,
+        H=H, Hg=Hg, K=K, V=V, BT=chunk_size, BC=BC, **tiles,
         USE_G=g is not None, IS_VARLEN=cu_seqlens is not None, DOT_PRECISION=dot_precision,
         num_warps=num_warps, num_stages=3)
     return w, u, A
@@ -141,20 +150,19 @@ def fwd_intra_overlap_jax(k, v, g, beta, *, lag=1056, BK=64, wu_tile=32, num_war
     import jax.numpy as jnp
 
     from gdn_jax.chunk_indices import cdiv
-    from gdn_jax.triton_launch import BC, dot_precision, triton_call
+    from gdn_jax.triton_launch import BC, dot_precision, output_types, triton_call
 
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = 64
     n_items = cdiv(T, BT) * H * B
-    out = (jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
-           jax.ShapeDtypeStruct((B, T, H, BT), k.dtype), jax.ShapeDtypeStruct((1,), jnp.int32),
+    out = (*output_types(k, v, BT), jax.ShapeDtypeStruct((1,), jnp.int32),
            jax.ShapeDtypeStruct((n_items,), jnp.int32))
     dummy = jnp.zeros((1,), jnp.int32)
+    lag, tiles = launch_settings(n_items, K, V, lag, BK, wu_tile)
     w, u, A, _, _ = triton_call(
-        k, v, g, beta, dummy, dummy, T, n_items, cdiv(T, BT) * H, max(1, min(lag, n_items)),
+        k, v, g, beta, dummy, dummy, T, n_items, cdiv(T, BT) * H, lag,
         kernel=gdn_fwd_intra_overlap_kernel, out=out, grid=(2 * n_items,), zeroed_outputs=(3, 4),
-        H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BK=min(BK, triton.next_power_of_2(K)),
-        BKW=min(wu_tile, triton.next_power_of_2(K)), BVW=min(wu_tile, triton.next_power_of_2(V)),
+        H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, **tiles,
         USE_G=True, IS_VARLEN=False, DOT_PRECISION=dot_precision(), num_warps=num_warps, num_stages=3)
     return w, u, A
