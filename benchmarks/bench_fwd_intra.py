@@ -285,8 +285,8 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of
     # its A kernel left out, to place the time inside the kernel
-    "ablate_A_kernel": (_replace(("if i_t * BT >= T:\n        return\n    k += (bos * Hg",
-                                  "if i_t * BT >= 0:\n        return\n    k += (bos * Hg")), "split"),
+    "ablate_A_kernel": (_replace(("if i_t * BT >= T:\n        return\n    store_chunk_A(",
+                                  "if i_t * BT >= 0:\n        return\n    store_chunk_A(")), "split"),
     "ablate_solve": (_replace((_TRANSPOSED, "".join(f"    b_Ai{i}{i} = b_A{i}{i}\n" for i in range(4)))),
                      "split"),
     "ablate_merge": (_merge_left_out, "split"),

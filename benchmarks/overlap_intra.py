@@ -80,9 +80,8 @@ def gdn_fwd_intra_overlap_kernel(
                                 IS_VARLEN)
     if is_A:
         if i_t * BT < T:
-            store_chunk_A(k + (bos * Hg + i_h // (H // Hg)) * K, g + bos * H + i_h,
-                          beta + bos * H + i_h, A + (bos * H + i_h) * BT, T, i_t * BT,
-                          H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+            store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G,
+                          DOT_PRECISION)
         # every thread's stores of A, then one release of the flag
         tl.debug_barrier()
         tl.atomic_xchg(ready + item, 1, sem="release", scope="gpu")
@@ -92,10 +91,8 @@ def gdn_fwd_intra_overlap_kernel(
             flag = tl.atomic_add(ready + item, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
         if i_t * BT < T:
-            store_w_u(A + (bos * H + i_h) * BT, k + (bos * Hg + i_h // (H // Hg)) * K,
-                      v + (bos * H + i_h) * V, g + bos * H + i_h, beta + bos * H + i_h,
-                      w + (bos * H + i_h) * K, u + (bos * H + i_h) * V, T, i_t * BT,
-                      H, Hg, K, V, BT, BKW, BVW, USE_G, DOT_PRECISION)
+            store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_t * BT, H, Hg, K, V, BT, BKW, BVW,
+                      USE_G, DOT_PRECISION)
 
 
 def launch_settings(n_items, K, V, lag, BK, wu_tile):

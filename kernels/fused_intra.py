@@ -188,15 +188,20 @@ def store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32,
 
 
 @triton.jit
-def store_chunk_A(k, g, beta, A, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr, K: tl.constexpr,
-                  BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """``(I + L)^-1`` of the chunk from row ``i_tc0`` stored into ``A``.
-    ``k``, ``g``, ``beta`` and ``A`` point at the sequence's first row and the
-    program's head. ``beta`` and ``g`` are loaded before the ``k k^T`` loop:
+def store_chunk_A(k, g, beta, A, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr,
+                  K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                  USE_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``(I + L)^-1`` of the chunk from row ``i_tc0`` of value head ``i_h`` of
+    the sequence from row ``bos`` (``T`` rows) stored into ``A``; ``k``, ``g``,
+    ``beta`` and ``A`` point at the tensors' first elements (value head ``i_h``
+    reads key head ``i_h // (H // Hg)``). ``beta`` and ``g`` are loaded before the ``k k^T`` loop:
     their latency hides behind it (loaded after it, ptxas needs 185 registers
     instead of 234 at BK=64, 1 warp, but the split path took 0.498 ms instead
     of 0.481 at the headline shape, H200, session 6)."""
+    k += (bos * Hg + i_h // (H // Hg)) * K
+    g += bos * H + i_h
+    beta += bos * H + i_h
+    A += (bos * H + i_h) * BT
     b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)
     b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(
         k, T, i_tc0, Hg, K, BC, BK)
@@ -246,14 +251,7 @@ def gdn_fwd_intra_fused_kernel(
     if i_t * BT >= T:
         return
     i_tc0 = i_t * BT
-    k += (bos * Hg + i_h // (H // Hg)) * K
-    v += (bos * H + i_h) * V
-    w += (bos * H + i_h) * K
-    u += (bos * H + i_h) * V
-    A += (bos * H + i_h) * BT
-    beta += bos * H + i_h
-    g += bos * H + i_h
-    store_chunk_A(k, g, beta, A, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    store_chunk_A(k, g, beta, A, bos, i_h, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
 
     # u = A (beta v), w = A (beta exp(g) k) as in recompute_w_u.py, with A read
     # back whole as the [64, 64] tile this program just wrote: after the
@@ -261,7 +259,8 @@ def gdn_fwd_intra_fused_kernel(
     # comes from L2, not HBM. It is the stored A, rounded to k's dtype, so both
     # Triton paths compute w and u from the same A.
     tl.debug_barrier()
-    store_w_u(A, k, v, g, beta, w, u, T, i_tc0, H, Hg, K, V, BT, BK, BV, USE_G, DOT_PRECISION)
+    store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H, Hg, K, V, BT, BK, BV, USE_G,
+              DOT_PRECISION)
 
 # The A part alone, on the same head-fastest grid: with recompute_w_u.py after
 # it, the split path (``impl="split"``), where each kernel runs at its own best
@@ -297,8 +296,4 @@ def gdn_fwd_intra_A_kernel(
     i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= T:
         return
-    k += (bos * Hg + i_h // (H // Hg)) * K
-    g += bos * H + i_h
-    beta += bos * H + i_h
-    A += (bos * H + i_h) * BT
-    store_chunk_A(k, g, beta, A, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)

@@ -55,7 +55,5 @@ def recompute_w_u_fwd_kernel(
     if i_t * BT >= T:
         return
 
-    store_w_u(A + (bos * H + i_h) * BT, k + (bos * Hg + i_h // (H // Hg)) * K,
-              v + (bos * H + i_h) * V, g + bos * H + i_h, beta + bos * H + i_h,
-              w + (bos * H + i_h) * K, u + (bos * H + i_h) * V, T, i_t * BT,
-              H, Hg, K, V, BT, BK, BV, USE_G, DOT_PRECISION)
+    store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_t * BT, H, Hg, K, V, BT, BK, BV, USE_G,
+              DOT_PRECISION)

@@ -39,13 +39,21 @@ def store_A_times(b_A, x, y, scale, T, C, x_stride, y_stride, r0, BT: tl.constex
 
 
 @triton.jit
-def store_w_u(A, k, v, g, beta, w, u, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr,
+def store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, USE_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """``u = A (beta v)`` and ``w = A (beta exp(g) k)`` for the chunk from row
-    ``i_tc0``, with ``A`` the chunk's stored ``(I + L)^-1`` (rows past the
-    sequence end read as zero). ``k`` points at the sequence's first row and
-    the key head, the other pointers at that row and the value head."""
+    ``i_tc0`` of value head ``i_h`` of the sequence from row ``bos`` (``T``
+    rows), with ``A`` the chunk's stored ``(I + L)^-1`` (rows past the
+    sequence end read as zero). The pointers point at the tensors' first
+    elements; value head ``i_h`` reads key head ``i_h // (H // Hg)``."""
+    A += (bos * H + i_h) * BT
+    k += (bos * Hg + i_h // (H // Hg)) * K
+    v += (bos * H + i_h) * V
+    g += bos * H + i_h
+    beta += bos * H + i_h
+    w += (bos * H + i_h) * K
+    u += (bos * H + i_h) * V
     # Per-row factors of this chunk: beta, and beta * exp(g) for the keys.
     b_beta = load_rows(beta, T, H, i_tc0, BT)
     b_kscale = b_beta
