@@ -494,13 +494,12 @@ def print_table(rows, bw):
                   + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; split "
                   f"{r['torch_split_do_bench_ms']:.4f}")
     for r in rows:
-        timed_overlap = [key for key in r if key.startswith("torch_overlap_")]
-        if timed_overlap:
+        names = [key[len("torch_"):-len("_do_bench_ms")] for key in r if key.startswith("torch_overlap_")]
+        if names:
             print(f"{r['shape']} overlap_intra.py, torch do_bench median ms (split "
                   f"{r['torch_split_do_bench_ms']:.4f}): " + "; ".join(
-                      f"{key[len('torch_'):-len('_do_bench_ms')]} {r[key]:.4f} (max rel diff vs split "
-                      f"{r[key[len('torch_'):-len('_do_bench_ms')] + '_max_rel_diff_vs_split']:.1e})"
-                      for key in timed_overlap))
+                      f"{n} {r[f'torch_{n}_do_bench_ms']:.4f} (max rel diff vs split "
+                      f"{r[f'{n}_max_rel_diff_vs_split']:.1e})" for n in names))
             for key in r:
                 if key.startswith("jax_overlap_"):
                     print(f"  {key}: {r[key]}")
