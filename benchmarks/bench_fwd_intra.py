@@ -9,7 +9,9 @@ jax.jit, and the bandwidth floor (bytes that must move / measured copy bandwidth
 Every column is the median over repeated timed runs after warm-up, on random
 inputs. JAX and torch are timed the same way: wall clock around N back-to-back
 calls, then a device sync, divided by N (launches queue asynchronously, so
-this is device time once a call takes longer than its dispatch); torch's
+this is device time once a call takes longer than its dispatch); the table's
+ms are the steady cost per call, the slope between batches of N and 5N calls
+(the first call's dispatch latency and the final sync left out); torch's
 triton.testing.do_bench (CUDA events) is reported beside it, and beside the
 JAX paths their GPU time: the wall clock of one jitted call that chains
 several calls, divided by their number (host dispatch amortized). Prints the table
@@ -48,10 +50,10 @@ SHAPES = {
     **{f"sweep_T{T}": (8, T, 16, 32, 128, 128, None) for T in SWEEP_T},
 }
 IMPLS = {"fused": "triton", "split": "split", "seed": "seed"}  # column: gdn_jax impl
-PATHS = {"split_ms": "gdn_jax split (jax.jit)", "fused_ms": "gdn_jax one-kernel (jax.jit)",
-         "seed_ms": "gdn_jax seed kernels (jax.jit)", "torch_split_ms": "split kernels, torch launch",
-         "torch_fused_ms": "one kernel, torch launch", "torch_seed_ms": "seed kernels, torch launch",
-         "jnp_reference_ms": "jnp reference (jax.jit)", "floor_ms": "bandwidth floor"}
+PATHS = {"split_steady_ms": "gdn_jax split (jax.jit)", "fused_steady_ms": "gdn_jax one-kernel (jax.jit)",
+         "seed_steady_ms": "gdn_jax seed kernels (jax.jit)", "torch_split_steady_ms": "split kernels, torch launch",
+         "torch_fused_steady_ms": "one kernel, torch launch", "torch_seed_steady_ms": "seed kernels, torch launch",
+         "jnp_reference_steady_ms": "jnp reference (jax.jit)", "floor_ms": "bandwidth floor"}
 
 
 def plot_sweep(rows, path):
@@ -104,22 +106,40 @@ def plot_shapes(rows, path):
     fig.savefig(path, dpi=120)
 
 
-def timed(fn, sync, n_inner=20, reps=7, warmup=3):
-    """``(wall, enqueue)``: median ms per call of ``n_inner`` back-to-back
-    calls then ``sync``, and median host ms per call spent before the sync
-    (near the wall time, the host's dispatch, not the GPU, sets the pace)."""
+def timed(fn, sync, n_inner=20, reps=7, warmup=3, long=5):
+    """``(wall, enqueue, steady)`` ms per call, medians over ``reps``:
+
+    - wall: ``n_inner`` back-to-back calls then ``sync``, per call (it includes
+      the first call's dispatch latency and the last one's drain, spread over
+      ``n_inner`` calls);
+    - enqueue: host ms per call spent before the sync (near the wall time, the
+      host's dispatch, not the GPU, sets the pace);
+    - steady: the cost of one more call in a stream of calls, the slope
+      between batches of ``n_inner`` and ``long * n_inner`` calls (taken in
+      turn), which leaves the one-off latency and drain out.
+    """
     for _ in range(warmup):
         fn()
     sync()
-    times, queued = [], []
-    for _ in range(reps):
+    times, queued, longer = [], [], []
+
+    def batch(n):
         t0 = time.perf_counter()
-        for _ in range(n_inner):
+        for _ in range(n):
             fn()
-        queued.append((time.perf_counter() - t0) / n_inner * 1e3)
+        t1 = time.perf_counter()
         sync()
-        times.append((time.perf_counter() - t0) / n_inner * 1e3)
-    return statistics.median(times), statistics.median(queued)
+        return t1 - t0, time.perf_counter() - t0
+
+    for _ in range(reps):
+        q, t = batch(n_inner)
+        queued.append(q / n_inner * 1e3)
+        times.append(t / n_inner * 1e3)
+        if long:
+            longer.append(batch(long * n_inner)[1] / n_inner * 1e3)
+    wall = statistics.median(times)
+    steady = (statistics.median(longer) - wall) / (long - 1) if long else wall
+    return wall, statistics.median(queued), steady
 
 
 NOT_KERNELS = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
@@ -142,7 +162,7 @@ def device_ops(compiled_hlo: str) -> dict:
 
 def wall_median(fn, sync, **kw):
     """Median ms per call (:func:`timed`'s wall time)."""
-    return timed(fn, sync, **kw)[0]
+    return timed(fn, sync, long=0, **kw)[0]
 
 
 def jax_dispatch_ms():
@@ -152,7 +172,7 @@ def jax_dispatch_ms():
     x = jnp.ones(8)
     out = [x]
     return timed(lambda: out.__setitem__(0, f(x)), lambda: jax.block_until_ready(out[0]),
-                 n_inner=200)[1]
+                 n_inner=200, long=0)[1]
 
 
 def make_inputs(B, T, Hg, H, K, V, seed=0):
@@ -380,16 +400,18 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     def fwd(k, v, g, beta, cu, impl):
         return gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu, impl=impl)
 
-    def jax_time(impl):
+    def jax_time(col, impl):
+        """``{col}_ms``, ``_enqueue_ms``, ``_steady_ms`` (:func:`timed`) and
+        ``_device_ops`` of ``impl`` under ``jax.jit``, into ``row``."""
         f = jax.jit(lambda *arrays: fwd(*arrays, impl))
         out = [None]
 
         def call():
             out[0] = f(k, v, g, beta, cu)
 
-        ms, row[f"{impl}_enqueue_ms"] = timed(call, lambda: jax.block_until_ready(out[0]))
-        row[f"{impl}_device_ops"] = device_ops(f.lower(k, v, g, beta, cu).compile().as_text())
-        return ms
+        row[f"{col}_ms"], row[f"{col}_enqueue_ms"], row[f"{col}_steady_ms"] = timed(
+            call, lambda: jax.block_until_ready(out[0]))
+        row[f"{col}_device_ops"] = device_ops(f.lower(k, v, g, beta, cu).compile().as_text())
 
     def jax_gpu_time(impl):
         """ms per call with the host's dispatch amortized: one jitted call runs
@@ -406,11 +428,12 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     if with_jax:
         chosen = set(autotune._CHOSEN)
         for col, impl in IMPLS.items():
-            row[f"{col}_ms"] = jax_time(impl)
+            jax_time(col, impl)
             row[f"{col}_gpu_ms"] = jax_gpu_time(impl)
         row["jax_configs"] = {key[0]: cfg for key, cfg in autotune._CHOSEN.items() if key not in chosen}
+    jax_picks = row.get("jax_configs", {})
     if with_reference:
-        row["jnp_reference_ms"] = jax_time("reference")
+        jax_time("jnp_reference", "reference")
     if with_torch:
         import torch
         import triton.testing
@@ -439,9 +462,14 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             return triton.testing.do_bench(tcall(**kw), warmup=50, rep=300, return_mode="median")
 
         for col in IMPLS:  # the torch launcher's path names are the columns'
-            row[f"torch_{col}_ms"], row[f"torch_{col}_enqueue_ms"] = timed(
+            row[f"torch_{col}_ms"], row[f"torch_{col}_enqueue_ms"], row[f"torch_{col}_steady_ms"] = timed(
                 tcall(path=col), torch.cuda.synchronize)
             row[f"torch_{col}_do_bench_ms"] = do_bench(path=col)
+            # the configs JAX's autotuner chose at this shape, launched from torch (every
+            # shape of SHAPES has its own constexprs, so its own picks; a sweep
+            # shape reuses the headline's and gets no such column)
+            if tune and jax_picks:
+                row[f"torch_{col}_jax_configs_do_bench_ms"] = do_bench(path=col, configs=jax_picks)
         if tune:
             row["torch_configs"] = {
                 name: str(kernel.best_config) for name, kernel in [
@@ -461,24 +489,32 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     for col in IMPLS:
         if f"torch_{col}_ms" in row and f"{col}_ms" in row:
             row[f"{col}_jax_over_torch"] = row[f"{col}_ms"] / row[f"torch_{col}_ms"]
+            row[f"{col}_steady_jax_over_torch"] = row[f"{col}_steady_ms"] / row[f"torch_{col}_steady_ms"]
             row[f"{col}_gpu_jax_over_torch"] = row[f"{col}_gpu_ms"] / row[f"torch_{col}_do_bench_ms"]
+            if f"torch_{col}_jax_configs_do_bench_ms" in row:
+                row[f"{col}_gpu_jax_over_torch_same_configs"] = (
+                    row[f"{col}_gpu_ms"] / row[f"torch_{col}_jax_configs_do_bench_ms"])
     if with_jax:
         for col in ("split", "fused"):
-            row[f"{col}_over_floor"] = row[f"{col}_ms"] / row["floor_ms"]
-            row[f"{col}_over_seed"] = row[f"{col}_ms"] / row["seed_ms"]
+            row[f"{col}_over_floor"] = row[f"{col}_steady_ms"] / row["floor_ms"]
+            row[f"{col}_over_seed"] = row[f"{col}_steady_ms"] / row["seed_steady_ms"]
     return row
 
 
-TABLE = [  # (column, header)
-    ("shape", "shape"), ("split_ms", "split"), ("fused_ms", "one-kernel"), ("seed_ms", "seed"),
-    ("torch_split_ms", "torch split"), ("torch_fused_ms", "torch 1k"), ("torch_seed_ms", "torch seed"),
-    ("jnp_reference_ms", "jnp ref"), ("floor_ms", "floor"),
-    ("split_jax_over_torch", "split jax/torch"), ("fused_jax_over_torch", "1k jax/torch"),
-    ("seed_jax_over_torch", "seed jax/torch"),
+TABLE = [  # (column, header); ms per call in a stream of calls (timed's steady)
+    ("shape", "shape"), ("split_steady_ms", "split"), ("fused_steady_ms", "one-kernel"),
+    ("seed_steady_ms", "seed"), ("torch_split_steady_ms", "torch split"),
+    ("torch_fused_steady_ms", "torch 1k"), ("torch_seed_steady_ms", "torch seed"),
+    ("jnp_reference_steady_ms", "jnp ref"), ("floor_ms", "floor"),
+    ("split_steady_jax_over_torch", "split jax/torch"), ("fused_steady_jax_over_torch", "1k jax/torch"),
+    ("seed_steady_jax_over_torch", "seed jax/torch"),
     ("split_over_floor", "split/floor"), ("split_over_seed", "split/seed"), ("fused_over_seed", "1k/seed"),
     ("split_gpu_ms", "split GPU"), ("fused_gpu_ms", "1k GPU"), ("seed_gpu_ms", "seed GPU"),
     ("split_gpu_jax_over_torch", "split GPU jax/torch"), ("fused_gpu_jax_over_torch", "1k GPU jax/torch"),
     ("seed_gpu_jax_over_torch", "seed GPU jax/torch"),
+    ("split_gpu_jax_over_torch_same_configs", "split GPU jax/torch, JAX's configs"),
+    ("fused_gpu_jax_over_torch_same_configs", "1k GPU jax/torch, JAX's configs"),
+    ("seed_gpu_jax_over_torch_same_configs", "seed GPU jax/torch, JAX's configs"),
 ]
 
 

@@ -15,9 +15,12 @@ from .autotune import UNTUNED
 from .triton_launch import BC, _block, head_fastest_grid, wu_blocks
 
 
-def tuned_or_fixed(kernel, name: str, autotune: bool):
-    """``(kernel, config kwargs)``: the autotuned kernel as it is (Triton's own
-    autotuner), or its inner ``JITFunction`` with the fixed config ``UNTUNED[name]``."""
+def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None):
+    """``(kernel, config kwargs)``: the inner ``JITFunction`` with the config
+    ``configs[name]`` when given, else the autotuned kernel as it is (Triton's
+    own autotuner), or its inner ``JITFunction`` with the fixed config ``UNTUNED[name]``."""
+    if configs and name in configs:
+        return kernel.fn, configs[name]
     return (kernel, {}) if autotune else (kernel.fn, UNTUNED[name])
 
 
@@ -50,11 +53,14 @@ def empty_outputs(k, v, chunk_size: int, zero_A: bool = False):
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                     *, autotune=True, dot_precision="tf32", path="fused",
-                    A_kernel=None, wu_kernel=None):
+                    A_kernel=None, wu_kernel=None, configs=None):
     """``fwd_intra`` on torch tensors: ``path="fused"`` the one-kernel path,
     ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
     the one-kernel path's A part as its own kernel, then w/u (as the
     ``impl`` values ``"triton"``, ``"seed"`` and ``"split"`` of :func:`gdn_jax.fwd_intra`).
+    ``configs`` (``{kernel name: config kwargs}``, names as in
+    :data:`gdn_jax.autotune.UNTUNED`) pins those kernels' configs, for
+    instance to the ones the JAX side's autotuner chose.
 
     Shapes and dtypes as :func:`gdn_jax.fwd_intra`; ``cu_seqlens`` and
     ``chunk_indices`` are torch integer tensors (``chunk_indices`` computed
@@ -85,15 +91,15 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     )
     grid = head_fastest_grid(NT, H, B)  # every kernel but the seed's kkt_solve
     if path == "fused":
-        fused, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_fused_kernel, "fused", autotune)
+        fused, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_fused_kernel, "fused", autotune, configs)
         fused[grid](k=k, v=v, w=w, u=u, A=A, V=V, BC=BC, BV=_block(V), **common, **config)
         return w, u, A
     if path == "split":
-        first, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_A_kernel, "A", autotune)
+        first, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_A_kernel, "A", autotune, configs)
         first[grid](k=k, A=A, BC=BC, **common, **config)
     else:
-        kkt, config = tuned_or_fixed(A_kernel or kkt_solve_kernel, "kkt_solve", autotune)
+        kkt, config = tuned_or_fixed(A_kernel or kkt_solve_kernel, "kkt_solve", autotune, configs)
         kkt[(NT, H, B)](k=k, A=A, BC=BC, **common, **config)  # the seed's chunk-major grid
-    wu, config = tuned_or_fixed(wu_kernel or recompute_w_u_fwd_kernel, "recompute_w_u", autotune)
+    wu, config = tuned_or_fixed(wu_kernel or recompute_w_u_fwd_kernel, "recompute_w_u", autotune, configs)
     wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, **wu_blocks(K, V), **common, **config)
     return w, u, A

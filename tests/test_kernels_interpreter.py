@@ -172,3 +172,17 @@ def test_overlap_experiment(lag, cu, record_errors):
     record_errors("interpreter overlap", "float32",
                   check_against_numpy([o.numpy() for o in outs], ref, "float32", 2 if cu is None else 1,
                                       T, cu, tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
+
+
+def test_torch_launch_pins_given_configs():
+    """``fwd_intra_torch(configs=...)`` launches the given config (the benchmark
+    times torch with the configs JAX's autotuner chose), else the fixed one."""
+    from gdn_jax.autotune import UNTUNED
+    from gdn_jax.kernels.fused_intra import gdn_fwd_intra_A_kernel
+    from gdn_jax.torch_launch import tuned_or_fixed
+
+    pinned = dict(BK=32, num_warps=2, num_stages=2)
+    assert tuned_or_fixed(gdn_fwd_intra_A_kernel, "A", True, {"A": pinned}) == (gdn_fwd_intra_A_kernel.fn, pinned)
+    assert tuned_or_fixed(gdn_fwd_intra_A_kernel, "A", False, {"fused": pinned}) == (
+        gdn_fwd_intra_A_kernel.fn, UNTUNED["A"])
+    assert tuned_or_fixed(gdn_fwd_intra_A_kernel, "A", True) == (gdn_fwd_intra_A_kernel, {})
