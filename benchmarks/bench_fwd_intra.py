@@ -56,6 +56,12 @@ PATHS = {"split_steady_ms": "gdn_jax split (jax.jit)", "fused_steady_ms": "gdn_j
          "jnp_reference_steady_ms": "jnp reference (jax.jit)", "floor_ms": "bandwidth floor"}
 
 
+def path_ms(row, key):
+    """``row[key]``, or for a result file older than the steady column
+    (before session 8) the wall time of ``n_inner`` calls it had instead."""
+    return row.get(key, row.get(key.replace("_steady", "")))
+
+
 def plot_sweep(rows, path):
     """PNG of time against T (headline B, heads and dims) for every path."""
     import matplotlib
@@ -68,13 +74,13 @@ def plot_sweep(rows, path):
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in PATHS.items():
-        pts = [(r["T"], r[key]) for r in sweep if key in r]
+        pts = [(r["T"], path_ms(r, key)) for r in sweep if path_ms(r, key) is not None]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=label, linestyle="--" if key == "floor_ms" else "-")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("T (B=8, Hg=16, H=32, K=V=128, bf16)")
-    ax.set_ylabel("median ms")
+    ax.set_ylabel("ms per call (median)")
     ax.set_title("fwd_intra")
     ax.legend()
     fig.tight_layout()
@@ -89,17 +95,17 @@ def plot_shapes(rows, path):
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if not r["shape"].startswith("sweep_T")]
-    keys = [k for k in PATHS if any(k in r for r in rows)]
+    keys = [k for k in PATHS if any(path_ms(r, k) is not None for r in rows)]
     if not rows or not keys:
         return
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(keys)
     for i, key in enumerate(keys):
-        xs = [j + i * width for j, r in enumerate(rows) if key in r]
-        ax.bar(xs, [r[key] for r in rows if key in r], width, label=PATHS[key])
+        have = [(j, path_ms(r, key)) for j, r in enumerate(rows) if path_ms(r, key) is not None]
+        ax.bar([j + i * width for j, _ in have], [ms for _, ms in have], width, label=PATHS[key])
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["shape"] for r in rows])
     ax.set_yscale("log")
-    ax.set_ylabel("median ms")
+    ax.set_ylabel("ms per call (median)")
     ax.set_title("fwd_intra, bf16, g on")
     ax.legend(fontsize=7)
     fig.tight_layout()
