@@ -4,7 +4,7 @@ kernel ``impl="split"``, and the seed's two kernels ``impl="seed"``), the same
 kernels launched from torch, the jnp reference under
 jax.jit, and the bandwidth floor (bytes that must move / measured copy bandwidth).
 
-    python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants [NAME,...]] [--overlap]
+    python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants [NAME,...]]
 
 Every column is the median over repeated timed runs after warm-up, on random
 inputs. JAX and torch are timed the same way: wall clock around N back-to-back
@@ -20,7 +20,6 @@ last, writes JSON (and, with --sweep, a PNG of time against T) under --out.
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.util
 import json
 import os
@@ -358,47 +357,8 @@ def kernel_variant(name):
     return path, {argument: getattr(mod, kernel)}
 
 
-# benchmarks/overlap_intra.py's settings: (lag, w/u column tile, warps)
-OVERLAP = [(1056, 32, 1), (4224, 32, 1), (1056, 64, 2)]
-
-
-def overlap_times(row, inputs, varlen, split_outs, jax_inputs=None):
-    """Torch ``do_bench`` of the experimental interleaved launch
-    (``overlap_intra.py``) at each of OVERLAP, and its largest difference from
-    the split path's outputs (same A arithmetic, so small), into ``row``; with
-    ``jax_inputs`` (fixed length) also the JAX launch's wall time and its
-    difference at OVERLAP's first setting, or the error it raised."""
-    import torch
-    import triton.testing
-
-    from overlap_intra import fwd_intra_overlap_jax, fwd_intra_overlap_torch
-
-    def max_rel_diff(outs):
-        return max(((torch.as_tensor(np.asarray(o, np.float32)) - r.float().cpu()).abs().max()
-                    / r.float().abs().max().cpu()).item() for o, r in zip(outs, split_outs))
-
-    for lag, tile, warps in OVERLAP:
-        name = f"overlap_lag{lag}_tile{tile}_warps{warps}"
-        settings = dict(lag=lag, wu_tile=tile, num_warps=warps)
-        call = functools.partial(fwd_intra_overlap_torch, *inputs, **varlen, **settings)
-        row[f"{name}_max_rel_diff_vs_split"] = max_rel_diff([o.float().cpu() for o in call()])
-        row[f"torch_{name}_do_bench_ms"] = triton.testing.do_bench(call, warmup=50, rep=300,
-                                                                   return_mode="median")
-        torch.cuda.synchronize()
-        if jax_inputs is not None and (lag, tile, warps) == OVERLAP[0]:  # one compile more per shape
-            try:
-                f = jax.jit(functools.partial(fwd_intra_overlap_jax, **settings))
-                outs = jax.block_until_ready(f(*jax_inputs))
-                row[f"jax_{name}_max_rel_diff_vs_split"] = max_rel_diff([o.astype(jnp.float32) for o in outs])
-                out = [None]
-                row[f"jax_{name}_ms"] = wall_median(lambda: out.__setitem__(0, f(*jax_inputs)),
-                                                    lambda: jax.block_until_ready(out[0]))
-            except Exception as e:  # an experiment: keep the torch numbers, say what failed
-                row[f"jax_{name}_error"] = f"{type(e).__name__}: {e}"[:500]
-
-
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, variants,
-                with_jax=True, overlap=False):
+                with_jax=True):
     k, v, g, beta = make_inputs(B, T, Hg, H, K, V)
     cu = None if lens is None else jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     row = dict(shape=name, B=B, T=T, Hg=Hg, H=H, K=K, V=V, packed=lens is not None)
@@ -488,9 +448,6 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
                 row[f"{name}_config"] = str(next(iter(replaced.values())).best_config)
         if variants:
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
-        if overlap:
-            overlap_times(row, (tk, tv, tg, tb), dict(cu_seqlens=tcu, chunk_indices=ci),
-                          tcall(path="split")(), None if cu is not None else (k, v, g, beta))
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     for col in IMPLS:
         if f"torch_{col}_ms" in row and f"{col}_ms" in row:
@@ -535,16 +492,6 @@ def print_table(rows, bw):
                               if f"torch_{n}_do_bench_ms" in r)
                   + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; split "
                   f"{r['torch_split_do_bench_ms']:.4f}")
-    for r in rows:
-        names = [key[len("torch_"):-len("_do_bench_ms")] for key in r if key.startswith("torch_overlap_")]
-        if names:
-            print(f"{r['shape']} overlap_intra.py, torch do_bench median ms (split "
-                  f"{r['torch_split_do_bench_ms']:.4f}): " + "; ".join(
-                      f"{n} {r[f'torch_{n}_do_bench_ms']:.4f} (max rel diff vs split "
-                      f"{r[f'{n}_max_rel_diff_vs_split']:.1e})" for n in names))
-            for key in r:
-                if key.startswith("jax_overlap_"):
-                    print(f"  {key}: {r[key]}")
     print("| " + " | ".join(h for _, h in TABLE) + " |")
     print("|" + " --- |" * len(TABLE))
     for r in rows:
@@ -566,9 +513,6 @@ def main():
     p.add_argument("--variants", nargs="?", const=",".join(VARIANTS), default="",
                    help="also time these kernel variants (default all of VARIANTS: one change "
                         "each) at the headline shape")
-    p.add_argument("--overlap", action="store_true",
-                   help="also time benchmarks/overlap_intra.py's interleaved launch (torch at every "
-                        "setting of OVERLAP, JAX at the first; fixed length for JAX)")
     p.add_argument("--replot", metavar="JSON",
                    help="only redraw the charts from a saved run's JSON (no GPU needed), into --out")
     args = p.parse_args()
@@ -600,7 +544,7 @@ def main():
         rows.append(bench_shape(name, *SHAPES[name], bw, with_torch,
                                 not (args.no_reference or args.torch_only),
                                 [v for v in args.variants.split(",") if v] if name == "headline" else [],
-                                not args.torch_only, args.overlap))
+                                not args.torch_only))
         print(json.dumps(rows[-1]), flush=True)
         # after every shape, so that a run cut by a time limit keeps its rows
         (out / "bench_fwd_intra.json").write_text(

@@ -2,7 +2,7 @@
 # GPU-machine session: installs the carried jax-triton wheel and this package
 # into /tmp (no registry there), then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | host-cost | assembler | overlap | <any command, run with the env set>
+#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels) and .shim (the triton36 sitecustomize).
 set -uo pipefail
 JT=$1; shift
@@ -46,9 +46,6 @@ for phase in "$@"; do
         | grep -i "asm\|ptxas\|nvptx" | head -8 | tee "$OUT/assembler.log"
       mkdir -p /tmp/triton_ptxas && ln -sf "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')/backends/nvidia/bin/ptxas" /tmp/triton_ptxas/ptxas
       PATH=/tmp/triton_ptxas:$PATH TRITON_CACHE_DIR=/tmp/triton_cache_asm python3 -P benchmarks/bench_fwd_intra.py --fixed-config --no-reference --shapes headline --out "$OUT/assembler" 2>&1 | tail -3 | tee -a "$OUT/assembler.log";;
-    # benchmarks/overlap_intra.py (the split's two kernels as one interleaved launch): torch at
-    # three settings, JAX at the first (fixed length); outputs compared with the split path's
-    overlap) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/overlap" --torch-only --shapes "${SHAPES:-headline,K256}" --overlap 2>&1 | tee "$OUT/overlap_jt$JT.log" | tail -16;;
     *) bash -c "$phase";;
   esac
 done

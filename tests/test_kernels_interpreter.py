@@ -17,8 +17,6 @@ if jax.default_backend() != "cpu":
 assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
 
 import torch  # noqa: E402  (required: the interpreter launches on torch CPU tensors)
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from gdn_jax.torch_launch import fwd_intra_torch  # noqa: E402
 from inputs import as_f64, make_inputs  # noqa: E402
@@ -127,51 +125,6 @@ def test_every_autotune_tile_size(path, kernel_name, monkeypatch, record_errors)
         record_errors(f"interpreter {path} BK={BK}", "float32",
                       check_against_numpy(outs, ref, "float32", 1, cu[-1], cu,
                                           tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
-
-
-overlap = load_module("benchmarks/overlap_intra.py")
-ticket_work = overlap.ticket_work  # a global, for the @triton.jit test kernel below
-
-
-@triton.jit
-def tickets_kernel(is_A_out, item_out, n_items, lag):
-    """``overlap_intra.ticket_work`` of ticket ``program_id`` into the two outputs."""
-    t = tl.program_id(0)
-    is_A, item = ticket_work(t, n_items, lag)
-    tl.store(is_A_out + t, is_A.to(tl.int32))
-    tl.store(item_out + t, item)
-
-
-@pytest.mark.parametrize("n_items,lag", [(1, 1), (7, 1), (7, 3), (7, 7), (64, 10)])
-def test_overlap_ticket_order(n_items, lag):
-    """Every item gets one A ticket and one w/u ticket, its A ticket first: a
-    w/u program never waits for an A build that no running program holds (the
-    GPU launch's freedom from deadlock, which the interpreter cannot show)."""
-    is_A = torch.full((2 * n_items,), -1, dtype=torch.int32)
-    item = torch.full((2 * n_items,), -1, dtype=torch.int32)
-    tickets_kernel[(2 * n_items,)](is_A, item, n_items, lag)
-    a_ticket = {int(j): t for t, (a, j) in enumerate(zip(is_A, item)) if a == 1}
-    w_ticket = {int(j): t for t, (a, j) in enumerate(zip(is_A, item)) if a == 0}
-    assert sorted(a_ticket) == sorted(w_ticket) == list(range(n_items))
-    assert all(a_ticket[j] < w_ticket[j] for j in range(n_items))
-
-
-@pytest.mark.parametrize("lag", [1, 3, 10**6])
-@pytest.mark.parametrize("cu", [None, [0, 1, 1, 64, 130]])
-def test_overlap_experiment(lag, cu, record_errors):
-    """benchmarks/overlap_intra.py (the split path's two kernels as one launch
-    whose programs take A builds and w/u products by ticket) computes the same
-    function, whatever the lag between an item's A build and its w/u."""
-    T = 130 if cu is None else cu[-1]
-    k, v, g, beta = make_inputs(7, 2 if cu is None else 1, T, 2, 4, 32, 48, "float32", cu_seqlens=cu)
-    outs = overlap.fwd_intra_overlap_torch(
-        *(to_torch(x, torch.float32) for x in (k, v, g, beta)),
-        cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32),
-        lag=lag, wu_tile=16, dot_precision="ieee")
-    ref = fwd_intra_numpy(*as_f64(k, v, g, beta), cu_seqlens=cu)
-    record_errors("interpreter overlap", "float32",
-                  check_against_numpy([o.numpy() for o in outs], ref, "float32", 2 if cu is None else 1,
-                                      T, cu, tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
 
 
 def test_torch_launch_pins_given_configs():
