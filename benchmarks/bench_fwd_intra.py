@@ -7,7 +7,8 @@ jax.jit, and the bandwidth floor (bytes that must move / measured copy bandwidth
     python benchmarks/bench_fwd_intra.py [--out DIR] [--shapes a,b] [--sweep] [--variants [NAME,...]]
 
 Every column is the median over repeated timed runs after warm-up, on random
-inputs. JAX and torch are timed the same way: wall clock around N back-to-back
+inputs. JAX and torch are timed the same way, every path of both launchers
+in turn for three rounds: wall clock around N back-to-back
 calls, then a device sync, divided by N (launches queue asynchronously, so
 this is device time once a call takes longer than its dispatch); the table's
 ms are the steady cost per call, the slope between batches of N and 5N calls
@@ -145,6 +146,18 @@ def timed(fn, sync, n_inner=20, reps=7, warmup=3, long=5):
     wall = statistics.median(times)
     steady = (statistics.median(longer) - wall) / (long - 1) if long else wall
     return wall, statistics.median(queued), steady
+
+
+def timed_in_turn(calls: dict, rounds=3, **kw) -> dict:
+    """``{name: (wall, enqueue, steady)}``: :func:`timed` of each ``(fn, sync)``
+    of ``calls``, the calls taken in turn for ``rounds`` rounds (so that a
+    drift of the host's or the GPU's speed favours none of them), the
+    medians over the rounds."""
+    runs = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (fn, sync) in calls.items():
+            runs[name].append(timed(fn, sync, **kw))
+    return {name: tuple(statistics.median(x) for x in zip(*r)) for name, r in runs.items()}
 
 
 NOT_KERNELS = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
@@ -366,17 +379,18 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     def fwd(k, v, g, beta, cu, impl):
         return gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu, impl=impl)
 
-    def jax_time(col, impl):
-        """``{col}_ms``, ``_enqueue_ms``, ``_steady_ms`` (:func:`timed`) and
-        ``_device_ops`` of ``impl`` under ``jax.jit``, into ``row``."""
+    calls = {}  # row column prefix: (call, sync), timed in turn below
+
+    def jax_call(col, impl):
+        """``impl`` under ``jax.jit`` into ``calls[col]``, its optimized HLO's
+        launches into ``row[col + "_device_ops"]``."""
         f = jax.jit(lambda *arrays: fwd(*arrays, impl))
         out = [None]
 
         def call():
             out[0] = f(k, v, g, beta, cu)
 
-        row[f"{col}_ms"], row[f"{col}_enqueue_ms"], row[f"{col}_steady_ms"] = timed(
-            call, lambda: jax.block_until_ready(out[0]))
+        calls[col] = (call, lambda: jax.block_until_ready(out[0]))
         row[f"{col}_device_ops"] = device_ops(f.lower(k, v, g, beta, cu).compile().as_text())
 
     def jax_gpu_time(impl):
@@ -394,12 +408,12 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     if with_jax:
         chosen = set(autotune._CHOSEN)
         for col, impl in IMPLS.items():
-            jax_time(col, impl)
+            jax_call(col, impl)
             row[f"{col}_gpu_ms"] = jax_gpu_time(impl)
         row["jax_configs"] = {key[0]: cfg for key, cfg in autotune._CHOSEN.items() if key not in chosen}
     jax_picks = row.get("jax_configs", {})
     if with_reference:
-        jax_time("jnp_reference", "reference")
+        jax_call("jnp_reference", "reference")
     if with_torch:
         import torch
         import triton.testing
@@ -428,8 +442,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
             return triton.testing.do_bench(tcall(**kw), warmup=50, rep=300, return_mode="median")
 
         for col in IMPLS:  # the torch launcher's path names are the columns'
-            row[f"torch_{col}_ms"], row[f"torch_{col}_enqueue_ms"], row[f"torch_{col}_steady_ms"] = timed(
-                tcall(path=col), torch.cuda.synchronize)
+            calls[f"torch_{col}"] = (tcall(path=col), torch.cuda.synchronize)
             row[f"torch_{col}_do_bench_ms"] = do_bench(path=col)
             # the configs JAX's autotuner chose at this shape, launched from torch (every
             # shape of SHAPES has its own constexprs, so its own picks; a sweep
@@ -448,6 +461,8 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
                 row[f"{name}_config"] = str(next(iter(replaced.values())).best_config)
         if variants:
             row["torch_seed_do_bench_again_ms"] = do_bench(path="seed")
+    for col, times in timed_in_turn(calls).items():  # every path of both launchers, in turn
+        row[f"{col}_ms"], row[f"{col}_enqueue_ms"], row[f"{col}_steady_ms"] = times
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
     for col in IMPLS:
         if f"torch_{col}_ms" in row and f"{col}_ms" in row:
