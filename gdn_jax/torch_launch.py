@@ -24,33 +24,6 @@ def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None):
     return (kernel, {}) if autotune else (kernel.fn, UNTUNED[name])
 
 
-def chunks(T: int, cu_seqlens, chunk_indices, chunk_size: int, device):
-    """``(chunk_indices, NT)``: the packed work list (computed from
-    ``cu_seqlens`` when not given; None at fixed length) and its length, or
-    the chunks of one row at fixed length."""
-    import torch
-
-    if cu_seqlens is None:
-        return chunk_indices, cdiv(T, chunk_size)
-    if chunk_indices is None:
-        ci = np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), chunk_size))
-        chunk_indices = torch.from_numpy(ci).to(device)
-    return chunk_indices, len(chunk_indices)
-
-
-def empty_outputs(k, v, chunk_size: int, zero_A: bool = False):
-    """``(w, u, A)`` torch tensors to launch into: ``[B, T, H, K]`` in k's dtype,
-    ``[B, T, H, V]`` in v's, ``[B, T, H, chunk_size]`` in k's (zeros with ``zero_A``)."""
-    import torch
-
-    B, T, _, K = k.shape
-    H, V = v.shape[2], v.shape[3]
-    A = (torch.zeros if zero_A else torch.empty)(B, T, H, chunk_size, device=k.device, dtype=k.dtype)
-    w = torch.empty(B, T, H, K, device=k.device, dtype=k.dtype)
-    u = torch.empty(B, T, H, V, device=k.device, dtype=v.dtype)
-    return w, u, A
-
-
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                     *, autotune=True, dot_precision="tf32", path="fused",
                     A_kernel=None, wu_kernel=None, configs=None):
@@ -75,9 +48,14 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = chunk_size
-    chunk_indices, NT = chunks(T, cu_seqlens, chunk_indices, BT, k.device)
+    if cu_seqlens is not None and chunk_indices is None:
+        ci = np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), BT))
+        chunk_indices = torch.from_numpy(ci).to(k.device)
+    NT = cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
     # the seed's kkt_solve writes the lower blocks only; the other paths store A whole
-    w, u, A = empty_outputs(k, v, BT, zero_A=path == "seed")
+    A = (torch.zeros if path == "seed" else torch.empty)(B, T, H, BT, device=k.device, dtype=k.dtype)
+    w = torch.empty(B, T, H, K, device=k.device, dtype=k.dtype)
+    u = torch.empty(B, T, H, V, device=k.device, dtype=v.dtype)
     if NT == 0 or B * H == 0:
         return w, u, A
     dummy = torch.zeros(1, dtype=torch.int32, device=k.device)

@@ -83,15 +83,6 @@ def wu_blocks(K: int, V: int) -> dict:
     return dict(BK=_block(K, 128), BV=_block(V, 128))
 
 
-def output_types(k, v, chunk_size: int):
-    """``(w, u, A)`` as ``jax.ShapeDtypeStruct``: ``[B, T, H, K]`` in k's dtype,
-    ``[B, T, H, V]`` in v's, ``[B, T, H, chunk_size]`` in k's."""
-    B, T, _, K = k.shape
-    H, V = v.shape[2], v.shape[3]
-    return (jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
-            jax.ShapeDtypeStruct((B, T, H, chunk_size), k.dtype))
-
-
 def launch(name: str, kernel, operands, *, out, grid, **kwargs):
     """One ``triton_call`` of the autotuned ``kernel`` (its inner ``JITFunction``)
     with the single config :func:`gdn_jax.autotune.chosen_config` picks for
@@ -120,7 +111,9 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = chunk_size
-    w_type, u_type, A_type = output_types(k, v, BT)
+    w_type = jax.ShapeDtypeStruct((B, T, H, K), k.dtype)
+    u_type = jax.ShapeDtypeStruct((B, T, H, V), v.dtype)
+    A_type = jax.ShapeDtypeStruct((B, T, H, BT), k.dtype)
 
     is_varlen = cu_seqlens is not None
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)

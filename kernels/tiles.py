@@ -65,11 +65,11 @@ def store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: t
 
 
 @triton.jit
-def chunk_of(i_th, i_b, cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """``(i_t, i_h, bos, T)`` of work item ``(i_th, i_b)`` of the head-fastest
-    grid (``i_th`` = chunk * H + value head, ``i_b`` the batch row): the
-    chunk's index inside its sequence, the value head, the sequence's first
-    row (64-bit, so that offsets stay right past 2^31 elements) and its length."""
+def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(i_t, i_h, bos, T)`` of this program on the head-fastest grid: the
+    chunk's index inside its sequence, the value head, the sequence's first row
+    (64-bit, so that offsets stay right past 2^31 elements) and its length."""
+    i_th, i_b = tl.program_id(0), tl.program_id(1)
     i_t, i_h = i_th // H, i_th % H
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
@@ -79,9 +79,3 @@ def chunk_of(i_th, i_b, cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN
     else:
         bos = i_b.to(tl.int64) * T
     return i_t, i_h, bos, T
-
-
-@triton.jit
-def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """:func:`chunk_of` this program's ids on the head-fastest grid."""
-    return chunk_of(tl.program_id(0), tl.program_id(1), cu_seqlens, chunk_indices, T, H, IS_VARLEN)

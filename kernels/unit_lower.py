@@ -63,12 +63,6 @@ def unit_lower_inverses(b_N0, b_N1, b_N2, b_N3, BC: tl.constexpr):
 
 
 @triton.jit
-def row_from_transpose(b_NT, o_i, i):
-    """Row ``i`` of ``N`` as column ``i`` of ``b_NT = N^T`` (a reduction along axis 1)."""
-    return tl.sum(tl.where((o_i == i)[None, :], b_NT, 0.0), 1)
-
-
-@triton.jit
 def substitute_column(b_X, b_NT, o_i, i):
     """Step ``i`` of forward substitution on ``b_X``, which holds ``(I + N)^-1``
     in its rows above ``i`` and identity rows from row ``i`` on: row ``i``
@@ -76,7 +70,7 @@ def substitute_column(b_X, b_NT, o_i, i):
     of ``b_NT = N^T``: a reduction along the other axis than the update's, so
     it lands in the layout the update needs (no layout conversion on the
     dependent chain) and does not depend on ``b_X`` (off the chain)."""
-    b_n = row_from_transpose(b_NT, o_i, i)
+    b_n = tl.sum(tl.where((o_i == i)[None, :], b_NT, 0.0), 1)
     b_x = tl.sum(b_n[:, None] * b_X, 0)
     return tl.where((o_i == i)[:, None], b_X - b_x[None, :], b_X)
 
