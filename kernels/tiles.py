@@ -2,8 +2,9 @@
 of rows, and the program's chunk on the head-fastest grid.
 
 Rows are tokens of one sequence (``T`` of them, row stride ``H * dim`` in the
-packed ``[B, T, H, dim]`` layout); pointers already point at the sequence's
-first row and the program's head.
+packed ``[B, T, H, dim]`` layout). The row and tile helpers take pointers
+already at the sequence's first row and a head; ``store_w_u`` takes the
+tensors' base pointers and offsets them itself.
 """
 import triton
 import triton.language as tl
