@@ -58,10 +58,23 @@ def _out_keyword() -> str:
     return "out_type" if "out_type" in params else "out_shape"
 
 
-def triton_call(*args, out, **kwargs):
+def triton_call(*args, out, zeroed=False, **kwargs):
     """``jax_triton.triton_call`` with the output spec under the keyword this
-    jax-triton version takes (0.4 renamed ``out_shape`` to ``out_type``)."""
-    return jax_triton().triton_call(*args, **{_out_keyword(): out}, **kwargs)
+    jax-triton version takes (0.4 renamed ``out_shape`` to ``out_type``).
+
+    ``zeroed=True``: the one output ``out`` starts as zeros (the kernel
+    writes part of it). jax-triton 0.3 zeroes it through ``zeroed_outputs``;
+    0.4 deprecates that for a zeroed ``Ref`` operand in the output's place
+    (the kernel's last pointer), which it aliases to the output.
+    """
+    if _out_keyword() == "out_shape":
+        return jax_triton().triton_call(*args, out_shape=out, zeroed_outputs=(0,) if zeroed else (),
+                                        **kwargs)
+    if not zeroed:
+        return jax_triton().triton_call(*args, out_type=out, **kwargs)
+    buffer = jax.new_ref(jnp.zeros(out.shape, out.dtype))
+    jax_triton().triton_call(*args, buffer, out_type=(), **kwargs)
+    return buffer[...]
 
 
 @functools.cache
@@ -146,7 +159,7 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     else:
         A = launch("kkt_solve", chunk_gated_delta_rule_fwd_kkt_solve_kernel,
                    (k, g_arg, beta, cu_arg, ci_arg, T), out=A_type, grid=chunk_major,
-                   zeroed_outputs=(0,),  # the kernel writes the lower blocks only, as in the seed
+                   zeroed=True,  # the kernel writes the lower blocks only, as in the seed
                    H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags)
     w, u = launch("recompute_w_u", recompute_w_u_fwd_kernel,
                   (k, v, beta, g_arg, A, cu_arg, ci_arg, T), out=(w_type, u_type), grid=head_fastest,

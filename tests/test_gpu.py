@@ -1,6 +1,7 @@
 """The Triton path on an NVIDIA GPU against the float64 NumPy reference (at
 SPEC.md's tolerances) and the jnp reference. Skipped where JAX has no CUDA GPU."""
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -110,6 +111,20 @@ def test_float64_rejected(impl):
         with pytest.raises(TypeError, match="`k` in bfloat16, float16 or float32, got float64"):
             gdn_jax.fwd_intra(k, v, g, beta, impl=impl)
         gdn_jax.fwd_intra(k, v, g, beta, impl="reference")  # the reference takes float64
+
+
+def test_launch_passes_no_deprecated_jax_triton_argument(impl):
+    """jax-triton 0.4 deprecates ``out_shape=`` and ``zeroed_outputs=`` (the
+    seed path's zeroed ``A``): a fresh trace of every path warns of neither.
+    Whether the zeroing works is checked by the tests above (they compare
+    ``A`` whole, its upper blocks with zeros)."""
+    k, v, g, beta = make_inputs(7, 1, 130, 2, 4, K, V, "bfloat16")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax.block_until_ready(jax.jit(lambda *a: gdn_jax.fwd_intra(*a, impl=impl))(k, v, g, beta))
+    ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+            if issubclass(w.category, DeprecationWarning) and "gdn_jax" in w.filename]
+    assert not ours, ours
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
