@@ -12,7 +12,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-from .autotune import chosen_config
+from .autotune import autotune_enabled, chosen_config, timing_allowed
 from .chunk_indices import cdiv
 from .validate import check_kernel_dtypes
 
@@ -107,6 +107,33 @@ def launch(name: str, kernel, operands, *, out, grid, **kwargs):
                                          tuple(sorted(kwargs.items())), T=operands[-1]))
 
 
+# Launches of more rows (B * T) time their configs on a launch of this many
+# rows, the headline shape's: the configs' keys leave out B and T
+# (gdn_jax.autotune), and timing on stand-ins of the full size (a second copy
+# of every operand and output) took minutes past 2^31 elements and then
+# crashed the process (segfault in the interpreter, H200, jax-triton 0.3.1,
+# session 9; cause not found).
+TIMING_ROWS = 32768
+
+
+def time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path):
+    """Past :data:`TIMING_ROWS` rows, choose this launch's configs on an
+    abstract launch of at most that many (same heads, dims, dtypes and
+    flags, so the same config keys): the real launch then finds them chosen."""
+    B, T = k.shape[:2]
+    if B * T <= TIMING_ROWS or not (autotune_enabled() and timing_allowed()):
+        return
+    rows = (max(1, min(B, TIMING_ROWS // T)), min(T, TIMING_ROWS))
+    fewer = lambda x: None if x is None else jax.ShapeDtypeStruct(rows + x.shape[2:], x.dtype)  # noqa: E731
+    work = {}
+    if cu_seqlens is not None:  # stand-ins: segments spread over the rows, and their chunks
+        work = dict(cu_seqlens=jax.ShapeDtypeStruct(cu_seqlens.shape, cu_seqlens.dtype),
+                    chunk_indices=jax.ShapeDtypeStruct(
+                        (cdiv(rows[1], chunk_size) + cu_seqlens.shape[0] - 1, 2), jnp.int32))
+    jax.eval_shape(functools.partial(fwd_intra_triton, chunk_size=chunk_size, path=path),
+                   *map(fewer, (k, v, g, beta)), **work)
+
+
 def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                      path="triton"):
     """``fwd_intra`` through jax-triton, ``path`` as ``impl`` of
@@ -132,6 +159,7 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
     if B * T * H == 0 or NT == 0:
         return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
+    time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path)
     head_fastest = head_fastest_grid(NT, H, B)  # every kernel but the seed's kkt_solve
     chunk_major = (NT, H, B)  # the seed's kkt_solve
     if path == "seed":
