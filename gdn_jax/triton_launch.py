@@ -159,12 +159,12 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
     if B * T * H == 0 or NT == 0:
         return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
-    time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path)
     head_fastest = head_fastest_grid(NT, H, B)  # every kernel but the seed's kkt_solve
     chunk_major = (NT, H, B)  # the seed's kkt_solve
     if path == "seed":
         check_grid(path, chunk_major, ("chunks NT", "value heads H", "batch rows B"))
     check_grid(path, head_fastest, ("chunks * value heads (NT * H)", "batch rows B"))
+    time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path)
 
     # jax-triton 0.3 takes no None operand: an unused pointer gets a 1-element
     # dummy, and USE_G / IS_VARLEN tell the kernel not to read it.

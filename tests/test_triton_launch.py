@@ -62,3 +62,10 @@ def test_fixed_configs_time_nothing(launches, monkeypatch):
     args, _ = abstract(2, 2**19 + 37)
     jax.eval_shape(lambda *a: triton_launch.fwd_intra_triton(*a, path="triton"), *args)
     assert [name for name, _, _ in launches] == ["fused"]
+
+
+def test_grid_past_cuda_limit_raises_before_any_timing(launches):
+    args, _ = abstract(70000, 1, H=1, K=32, V=32)  # 70000 batch rows > 65535 on the grid's second dim
+    with pytest.raises(ValueError, match="70000 programs along batch rows B"):
+        jax.eval_shape(lambda *a: triton_launch.fwd_intra_triton(*a, path="split"), *args)
+    assert launches == []
