@@ -16,7 +16,8 @@ H200, README "Speed"):
   then, and the kernels fault (CUDA_ERROR_ILLEGAL_ADDRESS, measured with 0.4.1).
 
 Here the configs are timed on stand-in operands of the launch's shapes and
-dtypes (random floats; valid offsets for ``cu_seqlens`` and chunk indices),
+dtypes (random floats; valid offsets for ``cu_seqlens`` and chunk indices;
+a launch of more rows than ``triton_launch.TIMING_ROWS`` is timed at that many),
 eagerly, even while a ``jax.jit`` trace is running; the graph then holds the
 fastest config only. ``GDN_JAX_AUTOTUNE=0`` skips the timing and takes the
 fixed config :data:`UNTUNED` (quick test runs: one compile per kernel).
