@@ -37,6 +37,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .autotune import without_timing
+from .batching import vmappable
 from .reference import fwd_intra_jnp
 from .triton_launch import fwd_intra_triton
 
@@ -61,8 +62,18 @@ def _per_device(static: Static, *arrays):
     if static.impl == "reference":
         return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
                              chunk_indices=ci)
-    return fwd_intra_triton(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
-                            chunk_indices=ci, path=static.impl)
+    return _triton_op(static)(*(x for x in (k, v, g, beta, cu, ci) if x is not None))
+
+
+@functools.cache
+def _triton_op(static: Static):
+    """The Triton launch of ``static.impl`` over the arrays of ``_per_device``,
+    vmappable (:func:`gdn_jax.batching.vmappable`: jax-triton has no vmap rule)."""
+    def fwd(k, v, g, beta, cu, ci):
+        return fwd_intra_triton(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
+                                chunk_indices=ci, path=static.impl)
+
+    return vmappable(fwd, use_g=static.use_g, varlen=static.varlen, chunk_size=static.chunk_size)
 
 
 def _axes(spec, dim: int) -> tuple[str, ...]:

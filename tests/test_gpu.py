@@ -104,6 +104,30 @@ def test_varlen_concrete_equals_traced_and_per_sequence(impl):
                                               np.asarray(b.astype(jnp.float32)))
 
 
+def test_vmap_folds_examples_into_one_launch(impl):
+    """``jax.vmap`` of every Triton path (jax-triton itself has no vmap rule):
+    fixed length and packed, each example equal to its own launch, bit for
+    bit (the same kernels and configs on the same rows)."""
+    def assert_same(batched, alone, e):
+        for a, b in zip(batched, alone):
+            np.testing.assert_array_equal(np.asarray(a[e].astype(jnp.float32)),
+                                          np.asarray(b.astype(jnp.float32)))
+
+    draws = [make_inputs(20 + e, 2, 130, 2, 4, K, V, "bfloat16") for e in range(3)]
+    k, v, g, beta = (jnp.stack(x) for x in zip(*draws))
+    batched = jax.jit(jax.vmap(lambda *a: gdn_jax.fwd_intra(*a, impl=impl)))(k, v, g, beta)
+    for e, d in enumerate(draws):
+        assert_same(batched, run(*d, impl=impl), e)
+    cus = [VARLEN[0], [0, 0, 700, 700, 1000, 1193, 1193, 1193], [0] + [1193] * 7]  # 7 segments each
+    draws = [make_inputs(30 + e, 1, 1193, 2, 4, K, V, "bfloat16", cu_seqlens=cu) for e, cu in enumerate(cus)]
+    k, v, g, beta = (jnp.stack(x) for x in zip(*draws))
+    cu = jnp.asarray(cus, jnp.int32)
+    batched = jax.jit(jax.vmap(lambda *a: gdn_jax.fwd_intra(*a[:4], cu_seqlens=a[4], impl=impl)))(
+        k, v, g, beta, cu)
+    for e, d in enumerate(draws):
+        assert_same(batched, run(*d, cu[e], impl=impl), e)
+
+
 def test_float64_rejected(impl):
     with jax.enable_x64(True):
         k, v, g, beta = (None if x is None else x.astype(jnp.float64)
