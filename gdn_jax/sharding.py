@@ -68,12 +68,22 @@ def _per_device(static: Static, *arrays):
 @functools.cache
 def _triton_op(static: Static):
     """The Triton launch of ``static.impl`` over the arrays of ``_per_device``,
-    vmappable (:func:`gdn_jax.batching.vmappable`: jax-triton has no vmap rule)."""
+    vmappable (:func:`gdn_jax.batching.vmappable`: jax-triton has no vmap
+    rule), and saying so when differentiated (the kernels are forward only)."""
     def fwd(k, v, g, beta, cu, ci):
         return fwd_intra_triton(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
                                 chunk_indices=ci, path=static.impl)
 
-    return vmappable(fwd, use_g=static.use_g, varlen=static.varlen, chunk_size=static.chunk_size)
+    op = jax.custom_jvp(vmappable(fwd, use_g=static.use_g, varlen=static.varlen,
+                                  chunk_size=static.chunk_size))
+
+    @op.defjvp
+    def _no_derivative(primals, tangents):
+        raise NotImplementedError(
+            f"gdn_jax.fwd_intra: impl={static.impl!r} runs forward-only Triton kernels and has "
+            f"no derivative; differentiate impl='reference' (the jnp reference) instead")
+
+    return op
 
 
 def _axes(spec, dim: int) -> tuple[str, ...]:

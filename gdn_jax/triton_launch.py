@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -63,18 +64,21 @@ def triton_call(*args, out, zeroed=False, **kwargs):
     jax-triton version takes (0.4 renamed ``out_shape`` to ``out_type``).
 
     ``zeroed=True``: the one output ``out`` starts as zeros (the kernel
-    writes part of it). jax-triton 0.3 zeroes it through ``zeroed_outputs``;
-    0.4 deprecates that for a zeroed ``Ref`` operand in the output's place
-    (the kernel's last pointer), which it aliases to the output.
+    writes part of it), through ``zeroed_outputs``. jax-triton 0.4
+    deprecates that for a zeroed ``Ref`` operand, but in JAX 0.11 a ``Ref``
+    cannot pass ``custom_partitioning`` ("Cannot lower jaxpr with effects")
+    or ``custom_jvp`` ("No state discharge rule implemented for primitive:
+    custom_jvp_call"), both of which wrap this launch (:mod:`gdn_jax.sharding`):
+    so ``zeroed_outputs`` stays, and its one deprecation warning, about
+    this internal choice, is not passed on.
     """
-    if _out_keyword() == "out_shape":
-        return jax_triton().triton_call(*args, out_shape=out, zeroed_outputs=(0,) if zeroed else (),
-                                        **kwargs)
     if not zeroed:
-        return jax_triton().triton_call(*args, out_type=out, **kwargs)
-    buffer = jax.new_ref(jnp.zeros(out.shape, out.dtype))
-    jax_triton().triton_call(*args, buffer, out_type=(), **kwargs)
-    return buffer[...]
+        return jax_triton().triton_call(*args, **{_out_keyword(): out}, **kwargs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="zeroed_outputs is deprecated",
+                                category=DeprecationWarning)
+        return jax_triton().triton_call(*args, **{_out_keyword(): out}, zeroed_outputs=(0,),
+                                        **kwargs)
 
 
 @functools.cache

@@ -139,7 +139,8 @@ def test_float64_rejected(impl):
 
 def test_launch_passes_no_deprecated_jax_triton_argument(impl):
     """jax-triton 0.4 deprecates ``out_shape=`` and ``zeroed_outputs=`` (the
-    seed path's zeroed ``A``): a fresh trace of every path warns of neither.
+    seed path's zeroed ``A``, kept on purpose: ``triton_launch.triton_call``):
+    a fresh trace of every path passes no such warning on to the user.
     Whether the zeroing works is checked by the tests above (they compare
     ``A`` whole, its upper blocks with zeros)."""
     k, v, g, beta = make_inputs(7, 1, 130, 2, 4, K, V, "bfloat16")
