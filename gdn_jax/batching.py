@@ -16,6 +16,17 @@ import jax.numpy as jnp
 from .chunk_indices import chunk_indices_in_graph
 
 
+def split_arrays(arrays, use_g: bool, varlen: bool):
+    """``(k, v, g, beta, cu_seqlens, chunk_indices)`` from the non-None ones,
+    ``k, v, [g], beta, [cu_seqlens, chunk_indices]``; the absent ones None."""
+    arrays = list(arrays)
+    k, v = arrays.pop(0), arrays.pop(0)
+    g = arrays.pop(0) if use_g else None
+    beta = arrays.pop(0)
+    cu, ci = arrays if varlen else (None, None)
+    return k, v, g, beta, cu, ci
+
+
 def vmappable(fwd, *, use_g: bool, varlen: bool, chunk_size: int):
     """``fwd(k, v, g, beta, cu_seqlens, chunk_indices) -> (w, u, A)`` (shapes as
     :func:`gdn_jax.fwd_intra`; ``g`` None unless ``use_g``, the last two None
@@ -31,12 +42,7 @@ def vmappable(fwd, *, use_g: bool, varlen: bool, chunk_size: int):
     Arguments not batched are broadcast to the ``n`` examples first.
     """
     def split(arrays):
-        arrays = list(arrays)
-        k, v = arrays.pop(0), arrays.pop(0)
-        g = arrays.pop(0) if use_g else None
-        beta = arrays.pop(0)
-        cu, ci = arrays if varlen else (None, None)
-        return k, v, g, beta, cu, ci
+        return split_arrays(arrays, use_g, varlen)
 
     @jax.custom_batching.custom_vmap
     def op(*arrays):

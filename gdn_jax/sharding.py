@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .autotune import without_timing
-from .batching import vmappable
+from .batching import split_arrays, vmappable
 from .reference import fwd_intra_jnp
 from .triton_launch import fwd_intra_triton
 
@@ -54,15 +54,11 @@ class Static(NamedTuple):
 def _per_device(static: Static, *arrays):
     """``(w, u, A)`` of the blocks one device holds; ``arrays`` are ``k, v,
     [g], beta, [cu_seqlens, chunk_indices]`` with shapes as ``fwd_intra``."""
-    arrays = list(arrays)
-    k, v = arrays.pop(0), arrays.pop(0)
-    g = arrays.pop(0) if static.use_g else None
-    beta = arrays.pop(0)
-    cu, ci = arrays if static.varlen else (None, None)
-    if static.impl == "reference":
-        return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
-                             chunk_indices=ci)
-    return _triton_op(static)(*(x for x in (k, v, g, beta, cu, ci) if x is not None))
+    if static.impl != "reference":
+        return _triton_op(static)(*arrays)
+    k, v, g, beta, cu, ci = split_arrays(arrays, static.use_g, static.varlen)
+    return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
+                         chunk_indices=ci)
 
 
 @functools.cache
