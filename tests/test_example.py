@@ -33,7 +33,7 @@ def test_example_script_runs():
 def test_layer_is_causal():
     from flax import nnx
 
-    mod = load_module("examples/flax_gdn_layer.py")
+    mod = load_module(EXAMPLE)
     layer = mod.GatedDeltaNet(32, 2, 4, 8, impl="reference", rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(layer)
     fwd = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
