@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .safe_exp import safe_exp
-from .tiles import load_rows, program_chunk, store_w_u, tile_ptr
+from .tiles import at_head, load_rows, program_chunk, store_w_u, tile_ptr
 from .unit_lower import unit_lower_inverses_from_transposes
 
 
@@ -198,10 +198,7 @@ def store_chunk_A(k, g, beta, A, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: tl.con
     their latency hides behind it (loaded after it, ptxas needs 185 registers
     instead of 234 at BK=64, 1 warp, but the split path took 0.498 ms instead
     of 0.481 at the headline shape, H200, session 6)."""
-    k += (bos * Hg + i_h // (H // Hg)) * K
-    g += bos * H + i_h
-    beta += bos * H + i_h
-    A += (bos * H + i_h) * BT
+    k, g, beta, A = at_head(k, g, beta, A, bos, i_h, H, Hg, K, BT)
     b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)
     b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(
         k, T, i_tc0, Hg, K, BC, BK)

@@ -40,6 +40,18 @@ def store_A_times(b_A, x, y, scale, T, C, x_stride, y_stride, r0, BT: tl.constex
 
 
 @triton.jit
+def at_head(k, g, beta, A, bos, i_h, H: tl.constexpr, Hg: tl.constexpr, K: tl.constexpr,
+            BT: tl.constexpr):
+    """``k``, ``g``, ``beta`` and ``A`` (the tensors' first elements) moved to row
+    ``bos`` and value head ``i_h``: ``k`` to its key head ``i_h // (H // Hg)``."""
+    k += (bos * Hg + i_h // (H // Hg)) * K
+    g += bos * H + i_h
+    beta += bos * H + i_h
+    A += (bos * H + i_h) * BT
+    return k, g, beta, A
+
+
+@triton.jit
 def store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr,
               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
               BV: tl.constexpr, USE_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -48,11 +60,8 @@ def store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: t
     rows), with ``A`` the chunk's stored ``(I + L)^-1`` (rows past the
     sequence end read as zero). The pointers point at the tensors' first
     elements; value head ``i_h`` reads key head ``i_h // (H // Hg)``."""
-    A += (bos * H + i_h) * BT
-    k += (bos * Hg + i_h // (H // Hg)) * K
+    k, g, beta, A = at_head(k, g, beta, A, bos, i_h, H, Hg, K, BT)
     v += (bos * H + i_h) * V
-    g += bos * H + i_h
-    beta += bos * H + i_h
     w += (bos * H + i_h) * K
     u += (bos * H + i_h) * V
     # Per-row factors of this chunk: beta, and beta * exp(g) for the keys.
