@@ -36,16 +36,24 @@ for phase in "$@"; do
     variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants "${VARIANTS:?set VARIANTS=name,name}" 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
     # host time per call against the custom calls' opaque size (shipped vs loop substitution)
     host-cost) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
-    # Which assembler jaxlib runs on jax-triton's PTX (XLA's CompileGpuAsm:
-    # libnvptxcompiler if linked in, else the first ptxas on PATH), then JAX's
-    # GPU time at the headline with Triton's own ptxas first on PATH, against
-    # the torch launch (one fixed config on both sides)
+    # Which assembler jaxlib runs on jax-triton's PTX, and JAX's GPU time at the
+    # headline against the torch launch (one fixed config on both sides) with
+    # it, then with Triton's own ptxas (the one torch's launch uses). jaxlib
+    # compiles the PTX with XLA's CompileGpuAsm, which takes the first ptxas of
+    # a fixed list of folders (the python's bin folder, then /usr/local/nvidia,
+    # /usr/local/cuda; neither PATH nor --xla_gpu_cuda_data_dir changed it,
+    # session 10): Triton's is linked into the python's bin folder for the
+    # second run, and removed after it.
     assembler)
-      TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=cuda_asm_compiler=3,subprocess_compilation=3 GDN_JAX_AUTOTUNE=0 \
-        python3 -P -c "import jax, gdn_jax; x = jax.random.normal(jax.random.key(0), (1, 64, 1, 128), 'bfloat16'); b = jax.numpy.ones((1, 64, 1), 'float32'); jax.block_until_ready(gdn_jax.fwd_intra(x, x, -b, b / 2, impl='split'))" 2>&1 \
-        | grep -i "asm\|ptxas\|nvptx" | head -8 | tee "$OUT/assembler.log"
-      mkdir -p /tmp/triton_ptxas && ln -sf "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')/backends/nvidia/bin/ptxas" /tmp/triton_ptxas/ptxas
-      PATH=/tmp/triton_ptxas:$PATH TRITON_CACHE_DIR=/tmp/triton_cache_asm python3 -P benchmarks/bench_fwd_intra.py --fixed-config --no-reference --shapes headline --out "$OUT/assembler" 2>&1 | tail -3 | tee -a "$OUT/assembler.log";;
+      bindir=$(dirname "$(command -v python3)")
+      tptxas="$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')/backends/nvidia/bin/ptxas"
+      for run in default triton; do
+        [ $run = triton ] && { [ -e "$bindir/ptxas" ] && { echo "$bindir/ptxas exists; skipped"; break; }; ln -s "$tptxas" "$bindir/ptxas"; }
+        TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=subprocess_compilation=3 TRITON_CACHE_DIR=/tmp/triton_cache_$run \
+          python3 -P benchmarks/bench_fwd_intra.py --fixed-config --no-reference --shapes headline --out "$OUT/assembler_$run" 2>&1 \
+          | grep -oE "Using [^ ]*ptxas with version [0-9.]+|^\\| headline.*" | sort -u | tee -a "$OUT/assembler.log"
+        [ $run = triton ] && rm -f "$bindir/ptxas"
+      done;;
     *) bash -c "$phase";;
   esac
 done
