@@ -2,7 +2,7 @@
 nvidia-h200-x2): sharded results against the one-GPU run, collectives in the
 compiled HLO, and the headline fwd_intra time on one GPU vs batch-sharded.
 
-    python benchmarks/sharded_gpu.py [--out DIR]
+    python benchmarks/sharded_gpu.py [--out DIR] [--impl auto|split|triton|seed]
 
 Prints one JSON line per case and a table last; writes sharded_gpu.json.
 """
@@ -73,12 +73,14 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--gdn-T", type=int, default=2048, help="T of the whole-forward cases")
     p.add_argument("--small", action="store_true", help="small shapes (a CPU check of the script)")
+    p.add_argument("--impl", default="auto", help="fwd_intra's impl in every case")
     args = p.parse_args()
     if args.small:
         SHAPES.update(headline=(4, 128, 2, 4, 16, 16, None), packed32k=(1, 300, 2, 4, 16, 16, [100, 0, 200]))
     n = jax.device_count()
     mesh = Mesh(np.array(jax.devices()), ("x",))
-    fwd = lambda k, v, g, beta: gdn_jax.fwd_intra(k, v, g, beta)  # noqa: E731
+    impl = args.impl
+    fwd = lambda k, v, g, beta: gdn_jax.fwd_intra(k, v, g, beta, impl=impl)  # noqa: E731
     B, T, Hg, H, K, V, lens = SHAPES["headline"]
     x = make_inputs(B, T, Hg, H, K, V)
     rows = [case("fwd_intra headline, batch-sharded", fwd, x, [P("x")] * 4, mesh, time_it=True),
@@ -86,18 +88,18 @@ def main():
     B, T, Hg, H, K, V, lens = SHAPES["packed32k"]
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     rows.append(case("fwd_intra packed32k (traced cu), head-sharded",
-                     lambda k, v, g, beta, cu: gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu),
+                     lambda k, v, g, beta, cu: gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu, impl=impl),
                      [*make_inputs(B, T, Hg, H, K, V), cu], [P(None, None, "x")] * 4 + [None], mesh))
     # The whole forward: q, k [B, T, Hg, K], per-step log gates a and beta [B, T, H].
     B, T, Hg, H, D = 2 * n, args.gdn_T, 8, 16, 128
     k, v, g, beta = make_inputs(B, T, Hg, H, D, D, seed=1)
     a = 0.1 * g / (1 - g.min())  # per-step log gates in (-0.1, 0]
-    gdn = lambda q, k, v, a, beta: gdn_jax.chunk_gated_delta_rule(q, k, v, a, beta)[0]  # noqa: E731
+    gdn = lambda q, k, v, a, beta: gdn_jax.chunk_gated_delta_rule(q, k, v, a, beta, impl=impl)[0]  # noqa: E731
     for what, s in (("batch", P("x")), ("head", P(None, None, "x"))):
         rows.append(case(f"chunk_gated_delta_rule B{B} T{T}, {what}-sharded", gdn,
                          [k, k, v, a, beta], [s] * 5, mesh))
-    info = dict(devices=[str(d) for d in jax.devices()], jax=jax.__version__)
-    pathlib.Path(args.out, "sharded_gpu.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+    info = dict(devices=[str(d) for d in jax.devices()], jax=jax.__version__, impl=impl)
+    pathlib.Path(args.out, f"sharded_gpu_{impl}.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
     print(info)
     print("| case | max abs diff vs 1 GPU | collectives | one GPU ms | sharded ms |")
     print("| --- | --- | --- | --- | --- |")
