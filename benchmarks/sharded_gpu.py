@@ -4,7 +4,7 @@ compiled HLO, and the headline fwd_intra time on one GPU vs batch-sharded.
 
     python benchmarks/sharded_gpu.py [--out DIR] [--impl auto|split|triton|seed]
 
-Prints one JSON line per case and a table last; writes sharded_gpu.json.
+Prints one JSON line per case and a table last; writes sharded_gpu_<impl>.json.
 """
 from __future__ import annotations
 
