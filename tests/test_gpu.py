@@ -34,6 +34,10 @@ def run(k, v, g, beta, cu_seqlens=None, impl="triton"):
     return gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu_seqlens, impl=impl)
 
 
+def assert_bit_equal(a, b):
+    np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+
+
 def check(impl, dtype, k, v, g, beta, cu=None, record=None):
     B, T = k.shape[:2]
     cu_arr = None if cu is None else jnp.asarray(cu, jnp.int32)
@@ -95,13 +99,12 @@ def test_varlen_concrete_equals_traced_and_per_sequence(impl):
     traced = run(k, v, g, beta, cu_arr, impl=impl)
     concrete = gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu_arr, impl=impl)
     for a, b in zip(traced, concrete):
-        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+        assert_bit_equal(a, b)
     for s, e in zip(cu[:-1], cu[1:]):
         if e > s:
             alone = run(k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], impl=impl)
             for a, b in zip(traced, alone):
-                np.testing.assert_array_equal(np.asarray(a[:, s:e].astype(jnp.float32)),
-                                              np.asarray(b.astype(jnp.float32)))
+                assert_bit_equal(a[:, s:e], b)
 
 
 def test_vmap_folds_examples_into_one_launch(impl):
@@ -110,8 +113,7 @@ def test_vmap_folds_examples_into_one_launch(impl):
     bit (the same kernels and configs on the same rows)."""
     def assert_same(batched, alone, e):
         for a, b in zip(batched, alone):
-            np.testing.assert_array_equal(np.asarray(a[e].astype(jnp.float32)),
-                                          np.asarray(b.astype(jnp.float32)))
+            assert_bit_equal(a[e], b)
 
     draws = [make_inputs(20 + e, 2, 130, 2, 4, K, V, "bfloat16") for e in range(3)]
     k, v, g, beta = (jnp.stack(x) for x in zip(*draws))
