@@ -254,26 +254,27 @@ def _diagonal_blocks(call: str):
 
 _NEUMANN = "".join(f"    b_Ai{i}{i} = unit_lower_inverse(b_A{i}{i}, BC)\n" for i in range(4))
 _INTERLEAVED = ("    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses(b_A00, b_A11, b_A22, b_A33, BC)\n")
-# fused_intra.py's diagonal blocks: gated as L^T and inverted by unit_lower_inverses_T
-_TRANSPOSED = ("    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses_from_transposes(\n"
-               "        b_A00, b_A11, b_A22, b_A33, BC)\n")
-_AS_L = [("m_d = o_i[:, None] < o_i[None, :]", "m_d = o_i[:, None] > o_i[None, :]")] + [
-    (f"gate_transposed(b_A{i}{i}, b_g{i}, b_b{i}, USE_G)", f"gate(b_A{i}{i}, b_g{i}, b_g{i}, b_b{i}, USE_G)")
-    for i in range(4)]
+# fused_intra.py's diagonal blocks, inverted by recursive halving
+_HALVING = "".join(f"    b_Ai{i}{i} = unit_lower_inverse_by_halving(b_A{i}{i}, BC, DOT_PRECISION)\n"
+                   for i in range(4))
 
 
-def _diagonal_as_L(call, helper):
-    """A change of fused_intra.py: the diagonal blocks gated as L (lower) and
+def _diagonal_by(call, helper):
+    """A change of fused_intra.py: the diagonal blocks (``L``, strictly lower)
     inverted by ``call`` (``helper`` of ``kernels/unit_lower.py``)."""
-    return _replace(*_AS_L, (_TRANSPOSED, call),
-                    ("from .unit_lower import unit_lower_inverses_from_transposes",
-                     f"from .unit_lower import {helper}"))
+    return _replace((_HALVING, call), ("from .unit_lower import unit_lower_inverse_by_halving",
+                                       f"from .unit_lower import {helper}"))
 
 
 # the one-kernel path (and the split's A kernel) with the product-of-powers diagonal
-_FUSED_NEUMANN = _diagonal_as_L(_NEUMANN, "unit_lower_inverse")
+_FUSED_NEUMANN = _diagonal_by(_NEUMANN, "unit_lower_inverse")
 # ... with the row-reading substitution of session 4 (unit_lower_inverses)
-_FUSED_ROWS = _diagonal_as_L(_INTERLEAVED, "unit_lower_inverses")
+_FUSED_ROWS = _diagonal_by(_INTERLEAVED, "unit_lower_inverses")
+# ... with the L^T substitution of sessions 5 to 10
+_FUSED_SUBSTITUTION = _diagonal_by(
+    "    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses_from_transposes(\n"
+    "        tl.trans(b_A00), tl.trans(b_A11), tl.trans(b_A22), tl.trans(b_A33), BC)\n",
+    "unit_lower_inverses_from_transposes")
 
 
 def _merge_left_out(src: str) -> str:
@@ -293,8 +294,6 @@ def _max_registers(n):
     return _replace((f"{config})\n", f"{config}, maxnreg={n})\n"))
 
 
-_SUBSTITUTION_LOOP = _replace(("for i in tl.static_range(1, BC):", "for i in range(1, BC):"))
-
 # tiles.store_w_u's two products (the w/u kernel's, and the one kernel's tail)
 _WU_PRODUCTS = (
     "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
@@ -313,19 +312,19 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "seed_interleaved": (_diagonal_blocks(_INTERLEAVED), "seed"),
     "fused_neumann": (_FUSED_NEUMANN, "fused"),
     "split_neumann": (_FUSED_NEUMANN, "split"),
+    "split_substitution": (_FUSED_SUBSTITUTION, "split"),
+    # the halving's dots with fp16 operands (timing only: fp16 can overflow)
+    "split_halving_fp16": (_replace((_HALVING, _HALVING.replace("DOT_PRECISION)", "'fp16')"))),
+                           "split"),
     "fused_rows": (_FUSED_ROWS, "fused"),
     "split_rows": (_FUSED_ROWS, "split"),
-    # the L^T substitution as a loop (session 5's first form): smaller PTX, so a
-    # smaller opaque string for jaxlib to hash on every call (benchmarks/host_cost.py)
-    "fused_loop": (_SUBSTITUTION_LOOP, "fused_unit_lower"),
-    "split_loop": (_SUBSTITUTION_LOOP, "split_unit_lower"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of
     # its A kernel left out, to place the time inside the kernel
     "ablate_A_kernel": (_replace(("if i_t * BT >= T:\n        return\n    store_chunk_A(",
                                   "if i_t * BT >= 0:\n        return\n    store_chunk_A(")), "split"),
-    "ablate_solve": (_replace((_TRANSPOSED, "".join(f"    b_Ai{i}{i} = b_A{i}{i}\n" for i in range(4)))),
+    "ablate_solve": (_replace((_HALVING, "".join(f"    b_Ai{i}{i} = b_A{i}{i}\n" for i in range(4)))),
                      "split"),
     "ablate_merge": (_merge_left_out, "split"),
     "ablate_k_blocks": (_replace(("for i_k in range(tl.cdiv(K, BK)):", "for i_k in range(1):")), "split"),
@@ -340,8 +339,6 @@ STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argumen
     "fused": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel", None),
     "split": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", None),
     "split_wu": ("split", "recompute_w_u", "recompute_w_u_fwd_kernel", "wu_kernel", "tiles"),
-    "fused_unit_lower": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel", "unit_lower"),
-    "split_unit_lower": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", "unit_lower"),
 }
 
 

@@ -7,18 +7,17 @@ Under jax-triton 0.3.x each launch is a legacy custom call whose opaque
 string (``backend_config``) is the zlib'd proto of the kernel's PTX and TTIR,
 and jaxlib's handler finds the loaded kernel by looking that whole string up
 in a hash map on every call. If that lookup is what makes small calls
-host-bound, host time grows with the string. Here each Triton path runs with
-the kernels as shipped and with the ``L^T`` substitution as a loop instead of
-unrolled (benchmark variants ``fused_loop`` and ``split_loop``: about half
-the PTX), at a one-chunk shape (a few microseconds of GPU work) and at B=4
-T=2048 H=8, beside a trivial jitted op. One fixed config per kernel
+host-bound, host time grows with the string. Here each Triton path runs at a
+one-chunk shape (a few microseconds of GPU work) and at B=4 T=2048 H=8,
+beside a trivial jitted op. (Session 7 also ran the kernels with their
+unrolled substitution as a loop, half the PTX: the host time hardly moved.
+The kernels no longer have that substitution.) One fixed config per kernel
 (``GDN_JAX_AUTOTUNE=0``): nothing is timed while tracing. Prints a table,
 writes ``host_cost.json`` under --out.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import pathlib
@@ -29,28 +28,10 @@ os.environ.setdefault("GDN_JAX_AUTOTUNE", "0")
 import jax  # noqa: E402
 
 import gdn_jax  # noqa: E402
-import gdn_jax.kernels.fused_intra as fused_intra  # noqa: E402
-from bench_fwd_intra import jax_dispatch_ms, kernel_variant, make_inputs, timed  # noqa: E402
+from bench_fwd_intra import jax_dispatch_ms, make_inputs, timed  # noqa: E402
 
 SHAPES = {"one chunk": (1, 64, 1, 1, 128, 128), "B4T2048H8": (4, 2048, 8, 8, 128, 128)}
-# impl: (its kernel in kernels/fused_intra.py, the variant with the substitution as a loop)
-LOOPS = {"triton": ("gdn_fwd_intra_fused_kernel", "fused_loop"),
-         "split": ("gdn_fwd_intra_A_kernel", "split_loop"), "seed": (None, None)}
-
-
-@contextlib.contextmanager
-def kernel_replaced(attr, kernel):
-    """``kernels/fused_intra.py``'s ``attr`` is ``kernel`` inside (the launcher
-    imports it at each call); nothing changes for ``kernel=None``."""
-    if kernel is None:
-        yield
-        return
-    old = getattr(fused_intra, attr)
-    setattr(fused_intra, attr, kernel)
-    try:
-        yield
-    finally:
-        setattr(fused_intra, attr, old)
+IMPLS = ("triton", "split", "seed")
 
 
 def opaque_bytes(lowered_text: str) -> list[int]:
@@ -80,13 +61,9 @@ def main():
     rows = []
     trivial = jax_dispatch_ms()
     for shape_name, shape in SHAPES.items():
-        for impl, (attr, loop) in LOOPS.items():
-            for form in ("unrolled", "loop") if loop else ("as shipped",):
-                kernel = next(iter(kernel_variant(loop)[1].values())) if form == "loop" else None
-                with kernel_replaced(attr, kernel):
-                    rows.append(dict(shape=shape_name, impl=impl, substitution=form,
-                                     **measure(shape, impl)))
-                print(json.dumps(rows[-1]), flush=True)
+        for impl in IMPLS:
+            rows.append(dict(shape=shape_name, impl=impl, **measure(shape, impl)))
+            print(json.dumps(rows[-1]), flush=True)
     result = dict(jax=jax.__version__, jax_triton=jax_triton.__version__,
                   device=jax.devices()[0].device_kind, trivial_dispatch_ms=trivial, rows=rows)
     out = pathlib.Path(args.out)
@@ -94,11 +71,11 @@ def main():
     (out / "host_cost.json").write_text(json.dumps(result, indent=1))
     print(f"\njax {jax.__version__}, jax-triton {jax_triton.__version__}; trivial jitted op "
           f"{trivial:.4f} ms of host time per call")
-    print("| shape | impl | substitution | opaque KB per launch | enqueue ms | wall ms |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| shape | impl | opaque KB per launch | enqueue ms | wall ms |")
+    print("| --- | --- | --- | --- | --- |")
     for r in rows:
         kb = " + ".join(f"{b / 1024:.0f}" for b in r["opaque_bytes"]) or "-"
-        print(f"| {r['shape']} | {r['impl']} | {r['substitution']} | {kb} | "
+        print(f"| {r['shape']} | {r['impl']} | {kb} | "
               f"{r['enqueue_ms']:.4f} | {r['wall_ms']:.4f} |")
 
 

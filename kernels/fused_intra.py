@@ -9,10 +9,12 @@ The math is SPEC.md's, the block structure the seed's:
 
 - ``L`` in 16x16 blocks from ``k k^T`` (all ten lower blocks at once, one pass
   over ``K``), gated by ``safe_exp(g_i - g_j)`` and scaled by ``beta_i``;
-- the four diagonal blocks inverted by the seed's forward substitution, the
-  four blocks' steps side by side, each block gated as ``L^T`` so that a step
-  reads row ``i`` of ``L`` as a column, off its dependent chain
-  (``unit_lower.unit_lower_inverses_from_transposes``);
+- the four diagonal blocks inverted by recursive halving: 2x2 blocks, then
+  three merges of two blocks into one (4x4, 8x8, 16x16), each two small dots
+  (``unit_lower.unit_lower_inverse_by_halving``), where the seed runs 14
+  dependent steps of forward substitution with row reductions (H200,
+  headline shape, split path, torch do_bench: 0.425 ms against 0.463 with
+  the substitution, session 11);
 - the seed's block merge for the six blocks below the diagonal;
 - ``A`` stored whole (the six upper blocks as zeros, so the launcher need not
   zero-fill it), then read back as one 64x64 tile from L2 for ``u`` and ``w``.
@@ -27,7 +29,7 @@ import triton.language as tl
 
 from .safe_exp import safe_exp
 from .tiles import at_head, load_rows, program_chunk, store_w_u, tile_ptr
-from .unit_lower import unit_lower_inverses_from_transposes
+from .unit_lower import unit_lower_inverse_by_halving
 
 
 @triton.jit
@@ -36,15 +38,6 @@ def gate(b_A, g_r, g_c, beta_r, USE_G: tl.constexpr):
     if USE_G:
         b_A *= safe_exp(g_r[:, None] - g_c[None, :])
     return b_A * beta_r[:, None]
-
-
-@triton.jit
-def gate_transposed(b_A, g, beta, USE_G: tl.constexpr):
-    """``b_A[i, j] * safe_exp(g[j] - g[i]) * beta[j]``: ``gate(b_A, g, g, beta)^T``
-    of a symmetric ``b_A`` (a diagonal block of ``k k^T``)."""
-    if USE_G:
-        b_A *= safe_exp(g[None, :] - g[:, None])
-    return b_A * beta[None, :]
 
 
 @triton.jit
@@ -136,14 +129,13 @@ def store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32,
     i_tc2 = i_tc0 + 2 * BC
     i_tc3 = i_tc0 + 3 * BC
 
-    # L = beta_i <k_i, k_j> safe_exp(g_i - g_j); the diagonal blocks as L^T
-    # (strictly upper): see unit_lower_inverses_from_transposes.
+    # L = beta_i <k_i, k_j> safe_exp(g_i - g_j), strictly lower on the diagonal blocks.
     o_i = tl.arange(0, BC)
-    m_d = o_i[:, None] < o_i[None, :]
-    b_A00 = tl.where(m_d, gate_transposed(b_A00, b_g0, b_b0, USE_G), 0.0)
-    b_A11 = tl.where(m_d, gate_transposed(b_A11, b_g1, b_b1, USE_G), 0.0)
-    b_A22 = tl.where(m_d, gate_transposed(b_A22, b_g2, b_b2, USE_G), 0.0)
-    b_A33 = tl.where(m_d, gate_transposed(b_A33, b_g3, b_b3, USE_G), 0.0)
+    m_d = o_i[:, None] > o_i[None, :]
+    b_A00 = tl.where(m_d, gate(b_A00, b_g0, b_g0, b_b0, USE_G), 0.0)
+    b_A11 = tl.where(m_d, gate(b_A11, b_g1, b_g1, b_b1, USE_G), 0.0)
+    b_A22 = tl.where(m_d, gate(b_A22, b_g2, b_g2, b_b2, USE_G), 0.0)
+    b_A33 = tl.where(m_d, gate(b_A33, b_g3, b_g3, b_b3, USE_G), 0.0)
     b_A10 = gate(b_A10, b_g1, b_g0, b_b1, USE_G)
     b_A20 = gate(b_A20, b_g2, b_g0, b_b2, USE_G)
     b_A21 = gate(b_A21, b_g2, b_g1, b_b2, USE_G)
@@ -152,8 +144,10 @@ def store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32,
     b_A32 = gate(b_A32, b_g3, b_g2, b_b3, USE_G)
 
     # Diagonal blocks of (I + L)^-1, then the seed's block merge below them.
-    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses_from_transposes(
-        b_A00, b_A11, b_A22, b_A33, BC)
+    b_Ai00 = unit_lower_inverse_by_halving(b_A00, BC, DOT_PRECISION)
+    b_Ai11 = unit_lower_inverse_by_halving(b_A11, BC, DOT_PRECISION)
+    b_Ai22 = unit_lower_inverse_by_halving(b_A22, BC, DOT_PRECISION)
+    b_Ai33 = unit_lower_inverse_by_halving(b_A33, BC, DOT_PRECISION)
     b_Ai10 = -tl.dot(tl.dot(b_Ai11, b_A10, input_precision=DOT_PRECISION), b_Ai00,
                      input_precision=DOT_PRECISION)
     b_Ai21 = -tl.dot(tl.dot(b_Ai22, b_A21, input_precision=DOT_PRECISION), b_Ai11,

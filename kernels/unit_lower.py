@@ -1,5 +1,8 @@
 """``@triton.jit`` inverses of unit lower-triangular ``[16, 16]`` float32 blocks
-``I + N`` (``N`` strictly lower triangular): the diagonal blocks of ``A``."""
+``I + N`` (``N`` strictly lower triangular): the diagonal blocks of ``A``.
+
+The kernels use :func:`unit_lower_inverse_by_halving`; the others are the
+forms measured before it, kept for the benchmark variants."""
 import triton
 import triton.language as tl
 
@@ -44,10 +47,10 @@ def unit_lower_inverses(b_N0, b_N1, b_N2, b_N3, BC: tl.constexpr):
     that the compiler can interleave, where the seed runs four loops one
     after the other (14 dependent steps each, latency-bound at 1 warp). Row
     ``i`` of ``-N`` is read from the row of the result it becomes, so the
-    ``N`` blocks need not stay alive. The kernels use
-    :func:`unit_lower_inverses_from_transposes` since session 5 (faster); this
-    one is kept for the benchmark variants (``seed_interleaved``,
-    ``split_rows``, ``fused_rows``)."""
+    ``N`` blocks need not stay alive. Replaced in the kernels by
+    :func:`unit_lower_inverses_from_transposes` in session 5 (faster); kept for
+    the benchmark variants (``seed_interleaved``, ``split_rows``,
+    ``fused_rows``)."""
     o_i = tl.arange(0, BC)
     b_Ai0 = -b_N0
     b_Ai1 = -b_N1
@@ -84,7 +87,10 @@ def unit_lower_inverses_from_transposes(b_NT0, b_NT1, b_NT2, b_NT3, BC: tl.const
     ``unit_lower_inverses`` has two and a layout conversion (it reads row ``i``
     back out of the result); unrolled, the column reads of later steps can run
     ahead. H200, headline shape, split path (torch ``do_bench``): 0.551 ms with
-    ``unit_lower_inverses``, 0.509 with this loop, 0.497 unrolled."""
+    ``unit_lower_inverses``, 0.509 with this loop, 0.497 unrolled. The
+    kernels used it in sessions 5 to 10; :func:`unit_lower_inverse_by_halving`
+    replaced it (0.425 against 0.463 ms, session 11); kept for the benchmark
+    variant ``split_substitution``."""
     o_i = tl.arange(0, BC)
     m_I = (o_i[:, None] == o_i[None, :]).to(tl.float32)
     b_X0 = m_I
@@ -97,3 +103,47 @@ def unit_lower_inverses_from_transposes(b_NT0, b_NT1, b_NT2, b_NT3, BC: tl.const
         b_X2 = substitute_column(b_X2, b_NT2, o_i, i)
         b_X3 = substitute_column(b_X3, b_NT3, o_i, i)
     return b_X0, b_X1, b_X2, b_X3
+
+
+@triton.jit
+def halving_step(b_Y, b_N, r, c, S: tl.constexpr, P: tl.constexpr):
+    """``b_Y`` holds ``(I + N)^-1`` of the ``S x S`` diagonal blocks (zeros
+    elsewhere); returns that of the ``2S x 2S`` diagonal blocks, as
+    ``[[X, 0], [C, Y]]^-1 = [[X^-1, 0], [-Y^-1 C X^-1, Y^-1]]``: ``b_Y - b_Y C b_Y``
+    with ``C`` the lower left ``S x S`` block of each ``2S`` block of ``N``.
+    ``P``: the dots' ``input_precision``, or ``"fp16"`` for fp16 operands
+    (benchmark variant ``split_halving_fp16`` only: 0.409 against 0.425 ms
+    with tf32, but fp16 overflows where ``|N|`` is large, beyond about 2 with
+    8x8 blocks, and a guard that branches per program made ptxas wrap every
+    shuffle in the branch in warp-synchronisation code, 2.8x the
+    instructions)."""
+    b_C = tl.where(((r // (2 * S)) == (c // (2 * S))) & ((r // S) != (c // S)), b_N, 0.0)
+    if P == "fp16":
+        b_YC = tl.dot(b_Y.to(tl.float16), b_C.to(tl.float16))
+        return b_Y - tl.dot(b_YC.to(tl.float16), b_Y.to(tl.float16))
+    else:
+        b_YC = tl.dot(b_Y, b_C, input_precision=P)
+        return b_Y - tl.dot(b_YC, b_Y, input_precision=P)
+
+
+@triton.jit
+def unit_lower_inverse_by_halving(b_N, BC: tl.constexpr, P: tl.constexpr):
+    """``(I + N)^-1`` of a strictly lower triangular ``[16, 16]`` float32 block
+    by recursive halving: ``I - N`` on the 2x2 diagonal blocks, then three
+    :func:`halving_step` s (4x4, 8x8, 16x16): six small dots and no
+    dependent chain of row reductions. It is the seed's block merge carried
+    down to 2x2 blocks, so with tf32 dots its error is that of the merge
+    (NumPy against float64, 40 chunks: A 1.2e-4 against the seed's 9e-5 on
+    random unit keys, 8.2e-4 against 7.0e-4 on correlated ones; on the H200,
+    bf16 B=2 T=1000: 1.4e-4 against 1.3e-4, and 7.8e-4 against 7.5e-4).
+    sm_90a SASS of the split's ``A`` kernel (BK=64, 1 warp): 3920
+    instructions against 5096 with the substitution, 1080 shuffles fewer.
+    H200, headline shape, split path, torch do_bench: 0.425 ms against 0.463."""
+    tl.static_assert(BC == 16)
+    o_i = tl.arange(0, BC)
+    r = o_i[:, None]
+    c = o_i[None, :]
+    b_Y = (r == c).to(tl.float32) - tl.where((r // 2) == (c // 2), b_N, 0.0)
+    b_Y = halving_step(b_Y, b_N, r, c, 2, P)
+    b_Y = halving_step(b_Y, b_N, r, c, 4, P)
+    return halving_step(b_Y, b_N, r, c, 8, P)
