@@ -16,18 +16,19 @@ def cuda_available() -> bool:
 
 
 # Programs per launch up to which the one kernel beats the split path.
-ONE_KERNEL_MAX_PROGRAMS = 1024
+ONE_KERNEL_MAX_PROGRAMS = 2048
 
 
 def fastest_triton_path(programs: int) -> str:
     """The fastest Triton path for a launch of ``programs`` = chunks x value
     heads x batch rows (64-row chunks), as measured on an H200 (README, Speed;
-    session 5): the split path from 2048 programs on (0.497 ms at B=8, T=4096,
-    Hg=16, H=32, 16384 programs, against the one kernel's 0.631; 0.139 ms at
-    B=2, T=4096, H=Hg=16, K=V=256, 2048 programs, against 0.152), the one
-    kernel at 1024 (B=4, T=2048, H=8: 0.048 ms of GPU time against the
-    split's 0.074; its two launches cost more than they save on so little
-    work). The crossover lies between the two; 1024 is the measured side."""
+    session 11, both paths with the diagonal blocks by recursive halving):
+    the split path at 16384 programs (B=8, T=4096, Hg=16, H=32: 0.427 ms
+    per call against the one kernel's 0.539), the one kernel at 2048 (B=2,
+    T=4096, H=Hg=16, K=V=256: 0.114 against 0.122; until session 10 the
+    split won there, 0.125 against 0.132) and at 1024 (B=4, T=2048, H=8:
+    0.061 against 0.066, host-bound). The crossover lies between 2048 and
+    16384 programs, not measured more finely; 2048 is the measured side."""
     return "triton" if programs <= ONE_KERNEL_MAX_PROGRAMS else "split"
 
 

@@ -34,7 +34,7 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
       chunk_indices: optional ``[NT, 2]`` int32 from
         :func:`gdn_jax.prepare_chunk_indices` (computed when omitted).
       impl: ``"auto"``, the fastest path here: on an NVIDIA GPU ``"split"``,
-        or ``"triton"`` for small launches (up to 1024 chunk-head programs;
+        or ``"triton"`` for small launches (up to 2048 chunk-head programs;
         measured on an H200, see the README), else ``"reference"``;
         ``"triton"``, the one-kernel
         Triton path (``kernels/fused_intra.py``); ``"split"``, that path's

@@ -73,8 +73,9 @@ def test_numpy_inputs_accepted():
 
 @pytest.mark.parametrize("B,T,H,path", [
     (8, 4096, 32, "split"),  # the headline shape: 16384 programs
-    (2, 4096, 16, "split"),  # 2048 programs (K=V=256 in the benchmark)
-    (4, 2048, 8, "triton"),  # 1024 programs: the one kernel
+    (3, 4096, 16, "split"),  # 3072 programs
+    (2, 4096, 16, "triton"),  # 2048 programs (K=V=256 in the benchmark): the one kernel
+    (4, 2048, 8, "triton"),  # 1024 programs
     (1, 1, 1, "triton"),
 ])
 def test_auto_picks_the_measured_fastest_triton_path(monkeypatch, B, T, H, path):
