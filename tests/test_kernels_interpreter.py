@@ -92,7 +92,7 @@ def test_varlen(cu, dtype, path, record_errors):
 
 @pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
                                   "split_neumann", "fused_rows", "split_rows", "wu_narrow",
-                                  "split_substitution"])
+                                  "split_substitution", "split_gqa_loop"])
 def test_benchmark_kernel_variant(name, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
     inverted compute the same function (the other variants undo
