@@ -111,19 +111,10 @@ def halving_step(b_Y, b_N, r, c, S: tl.constexpr, P: tl.constexpr):
     elsewhere); returns that of the ``2S x 2S`` diagonal blocks, as
     ``[[P, 0], [C, Q]]^-1 = [[P^-1, 0], [-Q^-1 C P^-1, Q^-1]]``: ``b_Y - b_Y C b_Y``
     with ``C`` the lower left ``S x S`` block of each ``2S`` block of ``N``.
-    ``P``: the dots' ``input_precision``, or ``"fp16"`` for fp16 operands
-    (benchmark variant ``split_halving_fp16`` only: 0.409 against 0.425 ms
-    with tf32, but fp16 overflows where ``|N|`` is large, beyond about 2 with
-    8x8 blocks, and a guard that branches per program made ptxas wrap every
-    shuffle in the branch in warp-synchronisation code, 2.8x the
-    instructions)."""
+    ``P``: the dots' ``input_precision``."""
     b_C = tl.where(((r // (2 * S)) == (c // (2 * S))) & ((r // S) != (c // S)), b_N, 0.0)
-    if P == "fp16":
-        b_YC = tl.dot(b_Y.to(tl.float16), b_C.to(tl.float16))
-        return b_Y - tl.dot(b_YC.to(tl.float16), b_Y.to(tl.float16))
-    else:
-        b_YC = tl.dot(b_Y, b_C, input_precision=P)
-        return b_Y - tl.dot(b_YC, b_Y, input_precision=P)
+    b_YC = tl.dot(b_Y, b_C, input_precision=P)
+    return b_Y - tl.dot(b_YC, b_Y, input_precision=P)
 
 
 @triton.jit

@@ -34,7 +34,7 @@ for phase in "$@"; do
     # kernel variants (benchmarks/bench_fwd_intra.py VARIANTS) against the shipped
     # kernels, torch do_bench at the headline: VARIANTS=name,name (8 take ~310 s)
     variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants "${VARIANTS:?set VARIANTS=name,name}" 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
-    # host time per call against the custom calls' opaque size (shipped vs loop substitution)
+    # host time per call against the custom calls' opaque size, every Triton path
     host-cost) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
     # Which assembler jaxlib runs on jax-triton's PTX, and JAX's GPU time at the
     # headline against the torch launch (one fixed config on both sides) with
