@@ -2,7 +2,7 @@
 # GPU-machine session: installs the carried jax-triton wheel and this package
 # into /tmp (no registry there), then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | host-cost | assembler | <any command, run with the env set>
+#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | profile | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels) and .shim (the triton36 sitecustomize).
 set -uo pipefail
 JT=$1; shift
@@ -34,6 +34,17 @@ for phase in "$@"; do
     # kernel variants (benchmarks/bench_fwd_intra.py VARIANTS) against the shipped
     # kernels, torch do_bench at the headline: VARIANTS=name,name (8 take ~310 s)
     variants) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT/variants" --torch-only --shapes headline --variants "${VARIANTS:?set VARIANTS=name,name}" 2>&1 | tee "$OUT/variants_jt$JT.log" | tail -6;;
+    # Nsight Compute on one path's kernels at the headline, fixed configs
+    # (benchmarks/profile_split.py; PROFILE_ARGS="--variant NAME" profiles a
+    # variant): the report, its details page and the stall summary
+    # (benchmarks/ncu_stalls.py). Session 12 ran these commands inline.
+    profile)
+      PYTHONPATH=$PYTHONPATH:$PWD/benchmarks ncu --clock-control none --set full --import-source no \
+        -k regex:'gdn_fwd_intra_A_kernel|recompute_w_u' --launch-skip 2 --launch-count 2 -f -o "$OUT/split" \
+        python3 -P benchmarks/profile_split.py ${PROFILE_ARGS:-} > "$OUT/ncu.log" 2>&1
+      ncu --import "$OUT/split.ncu-rep" --page details > "$OUT/split_details.txt"
+      ncu --import "$OUT/split.ncu-rep" --page source --print-source sass --csv > /tmp/split_source.csv
+      python3 benchmarks/ncu_stalls.py /tmp/split_source.csv | tee "$OUT/split_stalls.txt";;
     # host time per call against the custom calls' opaque size, every Triton path
     host-cost) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
     # Which assembler jaxlib runs on jax-triton's PTX, and JAX's GPU time at the
