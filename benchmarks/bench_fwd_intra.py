@@ -325,7 +325,9 @@ _GQA_LOOP = _replace(
 # a b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b (about 16 mantissa bits against
 # tf32's 11, float32's range, so no overflow where fp16 has one). 16-bit
 # operands take the accumulator's registers as they are (the fp16 variant's
-# gain), where tf32 operands need shuffles; three products per dot instead of one.
+# gain), where tf32 operands need shuffles; three products per dot instead of
+# one. sm_90a: 4568 instructions against 3752 (the splits' conversions); H200
+# 0.4465 against 0.4281 ms (session 12).
 _DOT3 = """
 @triton.jit
 def dot3(a, b, input_precision: tl.constexpr = None):
@@ -335,23 +337,50 @@ def dot3(a, b, input_precision: tl.constexpr = None):
     b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
     return tl.dot(a_hi, b_hi, tl.dot(a_lo, b_hi, tl.dot(a_hi, b_lo)))
 """
+# The same tf32 dots with their inner (k) index permuted in both operands,
+# which leaves the product unchanged: at 1 warp a tf32 mma's A operand holds
+# columns (t, t + 4) of a row where the accumulator holds (2t, 2t + 1), so
+# with k = 8a + 2t + j read as 8a + 4j + t (a reshape and a permute, no data
+# movement) an accumulator is already laid out as an A operand (two register
+# moves per 4 registers instead of shuffles and selects). 16x16 blocks. The B
+# operand's rows take the same permutation; written as a permute of B's rows
+# its conversion stays in shuffles (sm_90a, triton 3.8: 3152 instructions,
+# 216 shuffles, against the shipped 3752 and 480). Written as
+# trans(perm_cols(trans(B))) Triton staged B through shared memory (3120
+# instructions, 144 STS, 307 LDS, 85 BAR) and it lost on the H200: split
+# 0.4540 against 0.4283 ms, one kernel 0.5498 against 0.5432 (session 12);
+# the row form is untimed.
+_DOT_KPERM = """
+@triton.jit
+def dot_kperm(a, b, input_precision: tl.constexpr = None):
+    a = tl.reshape(tl.permute(tl.reshape(a, [16, 2, 4, 2]), (0, 1, 3, 2)), [16, 16])
+    b = tl.reshape(tl.permute(tl.reshape(b, [2, 4, 2, 16]), (0, 2, 1, 3)), [16, 16])
+    return tl.dot(a, b, input_precision=input_precision)
+"""
 
 
-def _bf16x3(src: str) -> str:
-    """fused_intra.py with every dot of ``store_inverse`` and of the halving
-    (``unit_lower.py``, pasted in place of its import) done by ``dot3``."""
-    import gdn_jax.kernels
+def _dots_by(name, helper):
+    """A change of fused_intra.py: every dot of ``store_inverse`` and of the
+    halving (``unit_lower.py``, pasted in place of its import) done by the
+    ``@triton.jit`` function ``name`` defined in ``helper``, which takes ``tl.dot``'s
+    ``input_precision``."""
+    def change(src: str) -> str:
+        import gdn_jax.kernels
 
-    unit_lower = (pathlib.Path(gdn_jax.kernels.__file__).parent / "unit_lower.py").read_text()
-    unit_lower = _replace(("    b_YC = tl.dot(b_Y, b_C, input_precision=P)\n"
-                           "    return b_Y - tl.dot(b_YC, b_Y, input_precision=P)\n",
-                           "    b_YC = dot3(b_Y, b_C)\n"
-                           "    return b_Y - dot3(b_YC, b_Y)\n"))(unit_lower)
-    start, end = src.index("def store_inverse("), src.index("def store_chunk_A(")
-    assert src[start:end].count("tl.dot(") == 16
-    src = src[:start] + src[start:end].replace("tl.dot(", "dot3(") + src[end:]
-    return _replace(("from .unit_lower import unit_lower_inverse_by_halving\n",
-                     unit_lower.split('"""', 2)[2] + _DOT3))(src)
+        unit_lower = (pathlib.Path(gdn_jax.kernels.__file__).parent / "unit_lower.py").read_text()
+        unit_lower = _replace(("    b_YC = tl.dot(b_Y, b_C, input_precision=P)\n"
+                               "    return b_Y - tl.dot(b_YC, b_Y, input_precision=P)\n",
+                               f"    b_YC = {name}(b_Y, b_C, input_precision=P)\n"
+                               f"    return b_Y - {name}(b_YC, b_Y, input_precision=P)\n"))(unit_lower)
+        start, end = src.index("def store_inverse("), src.index("def store_chunk_A(")
+        assert src[start:end].count("tl.dot(") == 16
+        src = src[:start] + src[start:end].replace("tl.dot(", f"{name}(") + src[end:]
+        return _replace(("from .unit_lower import unit_lower_inverse_by_halving\n",
+                         unit_lower.split('"""', 2)[2] + helper))(src)
+    return change
+
+
+_bf16x3 = _dots_by("dot3", _DOT3)
 
 
 # tiles.store_w_u's two products (the w/u kernel's, and the one kernel's tail)
@@ -487,6 +516,8 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "split_rows": (_FUSED_ROWS, "split"),
     "split_bf16x3": (_bf16x3, "split"),
     "fused_bf16x3": (_bf16x3, "fused"),
+    "split_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "split"),
+    "fused_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "fused"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of
