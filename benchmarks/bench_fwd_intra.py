@@ -294,49 +294,6 @@ def _max_registers(n):
     return _replace((f"{config})\n", f"{config}, maxnreg={n})\n"))
 
 
-# The split's A kernel with one program per (chunk, key head) doing its GQA
-# group's value heads in turn on the same k k^T blocks (the other heads'
-# programs return at once): half the k k^T blocks and k loads per value head.
-# sm_90a at the headline (triton 3.8, BK=64, 1 warp): 255 registers, 108
-# bytes spilled, 6736 instructions for two heads against 3752 for one.
-_GQA_LOOP = _replace(
-    ("""    b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)
-    b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(
-        k, T, i_tc0, Hg, K, BC, BK)
-    store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,
-                  b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3, A, T, i_tc0, H, BT, BC, USE_G, DOT_PRECISION)""",
-     """    b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(
-        k, T, i_tc0, Hg, K, BC, BK)
-    for j in tl.static_range(H // Hg):
-        b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g + j, beta + j, T, i_tc0, H,
-                                                                     BC, USE_G)
-        store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,
-                      b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3, A + j * BT, T, i_tc0, H, BT,
-                      BC, USE_G, DOT_PRECISION)"""),
-    ("""    if i_t * BT >= T:
-        return
-    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT""",
-     """    if i_t * BT >= T or i_h % (H // Hg) != 0:
-        return
-    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT"""))
-
-# Three bfloat16 products in place of each tf32 dot of the diagonal halving and
-# the block merge: x = hi + lo with hi = bf16(x), lo = bf16(x - hi), and
-# a b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b (about 16 mantissa bits against
-# tf32's 11, float32's range, so no overflow where fp16 has one). 16-bit
-# operands take the accumulator's registers as they are (the fp16 variant's
-# gain), where tf32 operands need shuffles; three products per dot instead of
-# one. sm_90a: 4568 instructions against 3752 (the splits' conversions); H200
-# 0.4465 against 0.4281 ms (session 12).
-_DOT3 = """
-@triton.jit
-def dot3(a, b, input_precision: tl.constexpr = None):
-    a_hi = a.to(tl.bfloat16)
-    b_hi = b.to(tl.bfloat16)
-    a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
-    b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
-    return tl.dot(a_hi, b_hi, tl.dot(a_lo, b_hi, tl.dot(a_hi, b_lo)))
-"""
 # The same tf32 dots with their inner (k) index permuted in both operands,
 # which leaves the product unchanged: at 1 warp a tf32 mma's A operand holds
 # columns (t, t + 4) of a row where the accumulator holds (2t, 2t + 1), so
@@ -380,112 +337,10 @@ def _dots_by(name, helper):
     return change
 
 
-_bf16x3 = _dots_by("dot3", _DOT3)
-
-
 # tiles.store_w_u's two products (the w/u kernel's, and the one kernel's tail)
 _WU_PRODUCTS = (
     "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
     "    store_A_times(b_A, k, w, b_kscale, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n")
-
-# The w/u products with both tiles (v, then k) loaded before either dot:
-# ncu (session 12) has the w/u kernel's warps waiting on global loads 54% of
-# their time, and the k tile's load issued only after u's store. One column
-# tile per matrix (K <= BK, V <= BV), as at the headline.
-_WU_LOADS_FIRST = _replace((_WU_PRODUCTS, """\
-    b_v = tl.load(tile_ptr(v, T, V, H * V, i_tc0, 0, BT, BV), boundary_check=(0, 1))
-    b_k = tl.load(tile_ptr(k, T, K, Hg * K, i_tc0, 0, BT, BK), boundary_check=(0, 1))
-    b_u = tl.dot(b_A, (b_v * b_beta[:, None]).to(b_A.dtype), input_precision=DOT_PRECISION)
-    tl.store(tile_ptr(u, T, V, H * V, i_tc0, 0, BT, BV), b_u.to(u.dtype.element_ty),
-             boundary_check=(0, 1))
-    b_w = tl.dot(b_A, (b_k * b_kscale[:, None]).to(b_A.dtype), input_precision=DOT_PRECISION)
-    tl.store(tile_ptr(w, T, K, H * K, i_tc0, 0, BT, BK), b_w.to(w.dtype.element_ty),
-             boundary_check=(0, 1))
-"""))
-
-# The w/u kernel with one program per (chunk, key head) doing its GQA group's
-# value heads in turn on one load of the k tile (the other heads' programs
-# return at once): the k rows cross L2 once per key head instead of once per
-# value head (ncu, session 12: the w/u kernel at 90% of L2 throughput, 80%
-# of DRAM's). One k column tile (K <= BK), as at the headline.
-_WU_GQA = _replace(
-    ("from .tiles import program_chunk, store_w_u\n",
-     """from .tiles import load_rows, program_chunk, store_A_times, tile_ptr
-
-
-@triton.jit
-def store_w_u_heads(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H: tl.constexpr,
-                    Hg: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                    BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
-    k += (bos * Hg + i_h // (H // Hg)) * K
-    b_k = tl.load(tile_ptr(k, T, K, Hg * K, i_tc0, 0, BT, BK), boundary_check=(0, 1))
-    for j in tl.static_range(H // Hg):
-        o = bos * H + i_h + j
-        b_beta = load_rows(beta + o, T, H, i_tc0, BT)
-        b_kscale = b_beta
-        if USE_G:
-            b_kscale = b_beta * tl.exp(load_rows(g + o, T, H, i_tc0, BT))
-        b_A = tl.load(tile_ptr(A + o * BT, T, BT, H * BT, i_tc0, 0, BT, BT), boundary_check=(0, 1))
-        store_A_times(b_A, v + o * V, u + o * V, b_beta, T, V, H * V, H * V, i_tc0, BT, BV,
-                      DOT_PRECISION)
-        b_w = tl.dot(b_A, (b_k * b_kscale[:, None]).to(b_A.dtype), input_precision=DOT_PRECISION)
-        tl.store(tile_ptr(w + o * K, T, K, H * K, i_tc0, 0, BT, BK), b_w.to(w.dtype.element_ty),
-                 boundary_check=(0, 1))
-"""),
-    ("    if i_t * BT >= T:\n        return\n\n    store_w_u(",
-     "    if i_t * BT >= T or i_h % (H // Hg) != 0:\n        return\n\n    store_w_u_heads("))
-
-# wu_gqa for GQA groups of two with every tile of both heads loaded before
-# the first dot (a store between them keeps the compiler from moving the
-# second head's loads up).
-_WU_GQA_PAIR = _replace(
-    ("from .tiles import program_chunk, store_w_u\n",
-     """from .tiles import load_rows, program_chunk, tile_ptr
-
-
-@triton.jit
-def head_tiles(A, v, g, beta, o, T, i_tc0, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-               BV: tl.constexpr, USE_G: tl.constexpr):
-    b_beta = load_rows(beta + o, T, H, i_tc0, BT)
-    b_kscale = b_beta
-    if USE_G:
-        b_kscale = b_beta * tl.exp(load_rows(g + o, T, H, i_tc0, BT))
-    b_A = tl.load(tile_ptr(A + o * BT, T, BT, H * BT, i_tc0, 0, BT, BT), boundary_check=(0, 1))
-    b_v = tl.load(tile_ptr(v + o * V, T, V, H * V, i_tc0, 0, BT, BV), boundary_check=(0, 1))
-    return b_A, b_v, b_beta, b_kscale
-
-
-@triton.jit
-def store_head(b_A, b_v, b_k, b_beta, b_kscale, w, u, o, T, i_tc0, H: tl.constexpr,
-               K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    b_u = tl.dot(b_A, (b_v * b_beta[:, None]).to(b_A.dtype), input_precision=DOT_PRECISION)
-    tl.store(tile_ptr(u + o * V, T, V, H * V, i_tc0, 0, BT, BV), b_u.to(u.dtype.element_ty),
-             boundary_check=(0, 1))
-    b_w = tl.dot(b_A, (b_k * b_kscale[:, None]).to(b_A.dtype), input_precision=DOT_PRECISION)
-    tl.store(tile_ptr(w + o * K, T, K, H * K, i_tc0, 0, BT, BK), b_w.to(w.dtype.element_ty),
-             boundary_check=(0, 1))
-
-
-@triton.jit
-def store_w_u_pair(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H: tl.constexpr,
-                   Hg: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
-    tl.static_assert(H == 2 * Hg)
-    k += (bos * Hg + i_h // 2) * K
-    o = bos * H + i_h
-    b_k = tl.load(tile_ptr(k, T, K, Hg * K, i_tc0, 0, BT, BK), boundary_check=(0, 1))
-    b_A0, b_v0, b_beta0, b_ks0 = head_tiles(A, v, g, beta, o, T, i_tc0, H, V, BT, BV, USE_G)
-    b_A1, b_v1, b_beta1, b_ks1 = head_tiles(A, v, g, beta, o + 1, T, i_tc0, H, V, BT, BV, USE_G)
-    store_head(b_A0, b_v0, b_k, b_beta0, b_ks0, w, u, o, T, i_tc0, H, K, V, BT, BK, BV,
-               DOT_PRECISION)
-    store_head(b_A1, b_v1, b_k, b_beta1, b_ks1, w, u, o + 1, T, i_tc0, H, K, V, BT, BK, BV,
-               DOT_PRECISION)
-"""),
-    ("    if i_t * BT >= T:\n        return\n\n    store_w_u(",
-     "    if i_t * BT >= T or i_h % 2 != 0:\n        return\n\n    store_w_u_pair("))
 
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
@@ -501,7 +356,6 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "fused_neumann": (_FUSED_NEUMANN, "fused"),
     "split_neumann": (_FUSED_NEUMANN, "split"),
     "split_substitution": (_FUSED_SUBSTITUTION, "split"),
-    "split_gqa_loop": (_GQA_LOOP, "split"),
     # the halving's dots with fp16 operands: 0.409 against 0.425 ms with tf32
     # (session 11), but timing only: fp16 overflows where |N| is large (past
     # about 2.3 with 8x8 blocks), and a guard that branches per program made
@@ -514,8 +368,6 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
         "    return b_Y - tl.dot(b_YC.to(tl.float16), b_Y.to(tl.float16))\n")), "split_unit_lower"),
     "fused_rows": (_FUSED_ROWS, "fused"),
     "split_rows": (_FUSED_ROWS, "split"),
-    "split_bf16x3": (_bf16x3, "split"),
-    "fused_bf16x3": (_bf16x3, "fused"),
     "split_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "split"),
     "fused_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "fused"),
     "split_maxnreg128": (_max_registers(128), "split"),
@@ -532,9 +384,6 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     # wide (session 5's 64 at K = V = 128)
     "wu_narrow": (_replace((_WU_PRODUCTS, _WU_PRODUCTS.replace("BV, DOT", "BV // 2, DOT")
                             .replace("BK, DOT", "BK // 2, DOT"))), "split_wu"),
-    "wu_loads_first": (_WU_LOADS_FIRST, "split_wu"),
-    "wu_gqa": (_WU_GQA, "split_wu_kernel"),
-    "wu_gqa_pair": (_WU_GQA_PAIR, "split_wu_kernel"),
 }
 STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argument that
     # replaces it, the kernels/ file the change applies to when not the kernel's own)
@@ -542,7 +391,6 @@ STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argumen
     "fused": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel", None),
     "split": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", None),
     "split_wu": ("split", "recompute_w_u", "recompute_w_u_fwd_kernel", "wu_kernel", "tiles"),
-    "split_wu_kernel": ("split", "recompute_w_u", "recompute_w_u_fwd_kernel", "wu_kernel", None),
     "split_unit_lower": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", "unit_lower"),
 }
 

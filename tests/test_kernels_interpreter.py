@@ -92,9 +92,7 @@ def test_varlen(cu, dtype, path, record_errors):
 
 @pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
                                   "split_neumann", "fused_rows", "split_rows", "wu_narrow",
-                                  "split_substitution", "split_gqa_loop",
-                                  "wu_loads_first", "wu_gqa", "wu_gqa_pair", "split_kperm_rows",
-                                  "fused_kperm_rows"])
+                                  "split_substitution", "split_kperm_rows", "fused_kperm_rows"])
 def test_benchmark_kernel_variant(name, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
     inverted, the w/u tiles or the programs' heads compute the same function
