@@ -95,9 +95,9 @@ def test_varlen(cu, dtype, path, record_errors):
                                   "split_substitution", "split_kperm_rows", "fused_kperm_rows"])
 def test_benchmark_kernel_variant(name, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
-    inverted, the w/u tiles or the programs' heads compute the same function
-    (the other variants time only, or undo interpreter-safe changes and
-    cannot run here)."""
+    inverted, the w/u tiles or the order of the dots' inner index compute the
+    same function (the other variants time only, or undo interpreter-safe
+    changes and cannot run here)."""
     launch_path, replaced = load_module("benchmarks/bench_fwd_intra.py").kernel_variant(name)
     cu = [0, 1, 1, 64, 130]
     outs, ref = run("float32", 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=3,
