@@ -294,6 +294,10 @@ def _max_registers(n):
     return _replace((f"{config})\n", f"{config}, maxnreg={n})\n"))
 
 
+# unit_lower.halving_step's two dots
+_HALVING_DOTS = ("    b_YC = tl.dot(b_Y, b_C, input_precision=P)\n"
+                 "    return b_Y - tl.dot(b_YC, b_Y, input_precision=P)\n")
+
 # The same tf32 dots with their inner (k) index permuted in both operands,
 # which leaves the product unchanged: at 1 warp a tf32 mma's A operand holds
 # columns (t, t + 4) of a row where the accumulator holds (2t, 2t + 1), so
@@ -317,23 +321,15 @@ def dot_kperm(a, b, input_precision: tl.constexpr = None):
 
 
 def _dots_by(name, helper):
-    """A change of fused_intra.py: every dot of ``store_inverse`` and of the
-    halving (``unit_lower.py``, pasted in place of its import) done by the
-    ``@triton.jit`` function ``name`` defined in ``helper``, which takes ``tl.dot``'s
-    ``input_precision``."""
+    """A change of fused_intra.py with ``unit_lower.py`` pasted in (stages
+    ``*_unit_lower``): every dot of ``store_inverse`` and of the halving done
+    by the ``@triton.jit`` function ``name`` defined in ``helper``, which takes
+    ``tl.dot``'s ``input_precision``."""
     def change(src: str) -> str:
-        import gdn_jax.kernels
-
-        unit_lower = (pathlib.Path(gdn_jax.kernels.__file__).parent / "unit_lower.py").read_text()
-        unit_lower = _replace(("    b_YC = tl.dot(b_Y, b_C, input_precision=P)\n"
-                               "    return b_Y - tl.dot(b_YC, b_Y, input_precision=P)\n",
-                               f"    b_YC = {name}(b_Y, b_C, input_precision=P)\n"
-                               f"    return b_Y - {name}(b_YC, b_Y, input_precision=P)\n"))(unit_lower)
         start, end = src.index("def store_inverse("), src.index("def store_chunk_A(")
         assert src[start:end].count("tl.dot(") == 16
         src = src[:start] + src[start:end].replace("tl.dot(", f"{name}(") + src[end:]
-        return _replace(("from .unit_lower import unit_lower_inverse_by_halving\n",
-                         unit_lower.split('"""', 2)[2] + helper))(src)
+        return _replace((_HALVING_DOTS, _HALVING_DOTS.replace("tl.dot(", f"{name}(")))(src) + helper
     return change
 
 
@@ -362,14 +358,13 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     # ptxas wrap every shuffle in the branch in warp-synchronisation code
     # (2.8x the instructions)
     "split_halving_fp16": (_replace((
-        "    b_YC = tl.dot(b_Y, b_C, input_precision=P)\n"
-        "    return b_Y - tl.dot(b_YC, b_Y, input_precision=P)\n",
+        _HALVING_DOTS,
         "    b_YC = tl.dot(b_Y.to(tl.float16), b_C.to(tl.float16))\n"
         "    return b_Y - tl.dot(b_YC.to(tl.float16), b_Y.to(tl.float16))\n")), "split_unit_lower"),
     "fused_rows": (_FUSED_ROWS, "fused"),
     "split_rows": (_FUSED_ROWS, "split"),
-    "split_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "split"),
-    "fused_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "fused"),
+    "split_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "split_unit_lower"),
+    "fused_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "fused_unit_lower"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of
@@ -392,6 +387,7 @@ STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argumen
     "split": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", None),
     "split_wu": ("split", "recompute_w_u", "recompute_w_u_fwd_kernel", "wu_kernel", "tiles"),
     "split_unit_lower": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", "unit_lower"),
+    "fused_unit_lower": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel", "unit_lower"),
 }
 
 
@@ -399,19 +395,19 @@ def kernel_variant(name):
     """``(path, {argument: kernel})``: the torch path to time and the kernel
     that replaces one of its stages (``fwd_intra_torch``'s ``A_kernel`` or
     ``wu_kernel``), built from its kernels/ file with one change (VARIANTS)
-    as a fresh module. A change of a helper file (``tiles.py``) is pasted
-    into the kernel's file in place of its import."""
+    as a fresh module. Where the stage names a helper file (``tiles.py``),
+    that file is pasted into the kernel's file in place of its import first,
+    and the change applies to both."""
     import gdn_jax.kernels
 
     change, stage = VARIANTS[name]
     path, file, kernel, argument, helpers = STAGES[stage]
     kernels = pathlib.Path(gdn_jax.kernels.__file__).parent
     src = (kernels / f"{file}.py").read_text()
-    if helpers is None:
-        src = change(src)
-    else:
-        src = re.sub(rf"^from \.{helpers} import .*$", lambda _: change((kernels / f"{helpers}.py").read_text()),
+    if helpers is not None:
+        src = re.sub(rf"^from \.{helpers} import .*$", lambda _: (kernels / f"{helpers}.py").read_text(),
                      src, count=1, flags=re.M)
+    src = change(src)
     tmp = pathlib.Path(tempfile.mkdtemp()) / f"{file}_{name}.py"
     tmp.write_text(src)
     spec = importlib.util.spec_from_file_location(f"gdn_jax.kernels.{file}_{name}", tmp)
