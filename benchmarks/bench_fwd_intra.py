@@ -381,7 +381,7 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
                             .replace("BK, DOT", "BK // 2, DOT"))), "split_wu"),
 }
 STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argument that
-    # replaces it, the kernels/ file the change applies to when not the kernel's own)
+    # replaces it, a helper kernels/ file pasted in first so that the change reaches it too)
     "seed": ("seed", "kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel", "A_kernel", None),
     "fused": ("fused", "fused_intra", "gdn_fwd_intra_fused_kernel", "A_kernel", None),
     "split": ("split", "fused_intra", "gdn_fwd_intra_A_kernel", "A_kernel", None),

@@ -27,8 +27,9 @@ def fastest_triton_path(programs: int) -> str:
     per call against the one kernel's 0.539), the one kernel at 2048 (B=2,
     T=4096, H=Hg=16, K=V=256: 0.114 against 0.122; until session 10 the
     split won there, 0.125 against 0.132) and at 1024 (B=4, T=2048, H=8:
-    0.061 against 0.066, host-bound). The crossover lies between 2048 and
-    16384 programs, not measured more finely; 2048 is the measured side."""
+    0.061 against 0.066, host-bound); the split again at 4096 (B=8, T=1024,
+    Hg=16, H=32: 0.117 against 0.141, session 12). The crossover lies
+    between 2048 and 4096 programs; 2048 is the measured side."""
     return "triton" if programs <= ONE_KERNEL_MAX_PROGRAMS else "split"
 
 
