@@ -24,13 +24,14 @@ from gdn_jax.torch_launch import fwd_intra_torch
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="headline", choices=sorted(SHAPES))
+    p.add_argument("--shape", default="headline",
+                   choices=sorted(n for n, shape in SHAPES.items() if shape[-1] is None),
+                   help="a fixed-length shape of bench_fwd_intra.SHAPES")
     p.add_argument("--path", default="split", choices=["split", "fused", "seed"])
     p.add_argument("--variant", default=None, help="a bench_fwd_intra.VARIANTS name")
     p.add_argument("--calls", type=int, default=3)
     args = p.parse_args()
-    B, T, Hg, H, K, V, lens = SHAPES[args.shape]
-    assert lens is None, "packed shapes are not profiled here"
+    B, T, Hg, H, K, V, _ = SHAPES[args.shape]
     k, v, g, beta = torch_inputs(make_inputs(B, T, Hg, H, K, V))
     path, replaced = args.path, {}
     if args.variant:
