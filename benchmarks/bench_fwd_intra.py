@@ -262,8 +262,8 @@ _HALVING = "".join(f"    b_Ai{i}{i} = unit_lower_inverse_by_halving(b_A{i}{i}, B
 def _diagonal_by(call, helper):
     """A change of fused_intra.py: the diagonal blocks (``L``, strictly lower)
     inverted by ``call`` (``helper`` of ``kernels/unit_lower.py``)."""
-    return _replace((_HALVING, call), ("from .unit_lower import unit_lower_inverse_by_halving",
-                                       f"from .unit_lower import {helper}"))
+    return _replace((_HALVING, call), ("from .unit_lower import block_dot, unit_lower_inverse_by_halving",
+                                       f"from .unit_lower import block_dot, {helper}"))
 
 
 # the one-kernel path (and the split's A kernel) with the product-of-powers diagonal
@@ -295,48 +295,25 @@ def _max_registers(n):
 
 
 # unit_lower.halving_step's two dots
-_HALVING_DOTS = ("    b_YC = tl.dot(b_Y, b_C, input_precision=P)\n"
-                 "    return b_Y - tl.dot(b_YC, b_Y, input_precision=P)\n")
-
-# The same tf32 dots with their inner (k) index permuted in both operands,
-# which leaves the product unchanged: at 1 warp a tf32 mma's A operand holds
-# columns (t, t + 4) of a row where the accumulator holds (2t, 2t + 1), so
-# with k = 8a + 2t + j read as 8a + 4j + t (a reshape and a permute, no data
-# movement) an accumulator is already laid out as an A operand (two register
-# moves per 4 registers instead of shuffles and selects). 16x16 blocks. The B
-# operand's rows take the same permutation; written as a permute of B's rows
-# its conversion stays in shuffles (sm_90a, triton 3.8: 3152 instructions,
-# 216 shuffles, against the shipped 3752 and 480). Written as
-# trans(perm_cols(trans(B))) Triton staged B through shared memory (3120
-# instructions, 144 STS, 307 LDS, 85 BAR) and it lost on the H200: split
-# 0.4540 against 0.4283 ms, one kernel 0.5498 against 0.5432 (session 12);
-# the row form is untimed.
-_DOT_KPERM = """
-@triton.jit
-def dot_kperm(a, b, input_precision: tl.constexpr = None):
-    a = tl.reshape(tl.permute(tl.reshape(a, [16, 2, 4, 2]), (0, 1, 3, 2)), [16, 16])
-    b = tl.reshape(tl.permute(tl.reshape(b, [2, 4, 2, 16]), (0, 2, 1, 3)), [16, 16])
-    return tl.dot(a, b, input_precision=input_precision)
-"""
-
-
-def _dots_by(name, helper):
-    """A change of fused_intra.py with ``unit_lower.py`` pasted in (stages
-    ``*_unit_lower``): every dot of ``store_inverse`` and of the halving done
-    by the ``@triton.jit`` function ``name`` defined in ``helper``, which takes
-    ``tl.dot``'s ``input_precision``."""
-    def change(src: str) -> str:
-        start, end = src.index("def store_inverse("), src.index("def store_chunk_A(")
-        assert src[start:end].count("tl.dot(") == 16
-        src = src[:start] + src[start:end].replace("tl.dot(", f"{name}(") + src[end:]
-        return _replace((_HALVING_DOTS, _HALVING_DOTS.replace("tl.dot(", f"{name}(")))(src) + helper
-    return change
+_HALVING_DOTS = ("    b_YC = block_dot(b_Y, b_C, P)\n"
+                 "    return b_Y - block_dot(b_YC, b_Y, P)\n")
+# unit_lower.block_dot's permutes of the inner index
+_BLOCK_DOT_PERMUTES = (
+    "    a = tl.reshape(tl.permute(tl.reshape(a, [16, 2, 4, 2]), (0, 1, 3, 2)), [16, 16])\n"
+    "    b = tl.reshape(tl.permute(tl.reshape(b, [2, 4, 2, 16]), (0, 2, 1, 3)), [16, 16])\n")
 
 
 # tiles.store_w_u's two products (the w/u kernel's, and the one kernel's tail)
 _WU_PRODUCTS = (
     "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
     "    store_A_times(b_A, k, w, b_kscale, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n")
+
+_GATE_EXP2 = _replace(
+    ("        b_A *= safe_exp(g_r[:, None] - g_c[None, :])\n",
+     "        x = g_r[:, None] - g_c[None, :]\n"
+     "        b_A *= tl.exp2(tl.where(x <= 0, x, float(\"-inf\")))\n"),
+    *[(f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC)\n",
+       f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC) * 1.4426950408889634\n") for i in range(4)])
 
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
@@ -363,8 +340,14 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
         "    return b_Y - tl.dot(b_YC.to(tl.float16), b_Y.to(tl.float16))\n")), "split_unit_lower"),
     "fused_rows": (_FUSED_ROWS, "fused"),
     "split_rows": (_FUSED_ROWS, "split"),
-    "split_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "split_unit_lower"),
-    "fused_kperm_rows": (_dots_by("dot_kperm", _DOT_KPERM), "fused_unit_lower"),
+    # block_dot as a plain tl.dot (the kernels of sessions 11 and 12): 0.429
+    # against 0.412 ms (split), 0.544 against 0.502 (one kernel), session 13
+    "split_plain_dots": (_replace((_BLOCK_DOT_PERMUTES, "")), "split_unit_lower"),
+    "fused_plain_dots": (_replace((_BLOCK_DOT_PERMUTES, "")), "fused_unit_lower"),
+    # the gate factor as exp2 of log2(e)-scaled g (the scaling once per row,
+    # not once per element): 80 fewer multiplies per program
+    "split_gate_exp2": (_GATE_EXP2, "split"),
+    "fused_gate_exp2": (_GATE_EXP2, "fused"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of

@@ -3,7 +3,7 @@ reference (tests/numpy_reference.py), beside the shipped paths': what a
 variant costs in accuracy before it may ship (the CPU interpreter runs dots
 in float32, so tf32 and 16-bit dots are only seen here).
 
-    PYTHONPATH=benchmarks:tests python benchmarks/variant_errors.py split_kperm,fused_kperm [--out DIR]
+    PYTHONPATH=benchmarks:tests python benchmarks/variant_errors.py split_plain_dots,fused_plain_dots [--out DIR]
 
 Torch launches with the fixed configs (``gdn_jax.autotune.UNTUNED``: one
 compile per kernel and dtype; its first run with Triton's autotuner, session

@@ -1,10 +1,34 @@
 """``@triton.jit`` inverses of unit lower-triangular ``[16, 16]`` float32 blocks
 ``I + N`` (``N`` strictly lower triangular): the diagonal blocks of ``A``.
 
-The kernels use :func:`unit_lower_inverse_by_halving`; the others are the
-forms measured before it, kept for the benchmark variants."""
+The kernels use :func:`unit_lower_inverse_by_halving` and do its dots and the
+block merge's with :func:`block_dot`; the other inverses are the forms
+measured before it, kept for the benchmark variants."""
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def block_dot(a, b, P: tl.constexpr):
+    """``tl.dot(a, b, input_precision=P)`` of two ``[16, 16]`` float32 blocks,
+    with the inner index ``k = 8a + 2t + j`` read as ``8a + 4j + t`` in both
+    operands (a reshape and a permute each): the same sum in another order.
+
+    Why: at 1 warp a tf32 mma's A operand holds columns ``(t, t + 4)`` of a
+    row where its accumulator holds ``(2t, 2t + 1)``, so a product fed to the
+    next dot as A needs shuffles and selects; with the permuted index it is
+    already in place (two register moves per four registers). B's rows take
+    the same permutation and its conversion stays in shuffles. sm_90a SASS of
+    the split's ``A`` kernel (triton 3.8, BK=64, 1 warp): 3152 instructions
+    and 216 shuffles against 3752 and 480 with plain ``tl.dot``. H200,
+    headline shape, torch do_bench (session 13): split path 0.412 ms against
+    0.429, one kernel 0.502 against 0.544. The same B permutation written as
+    ``trans(permute(trans(b)))`` went through shared memory and lost (0.454,
+    session 12)."""
+    tl.static_assert((a.shape[0] == 16) & (a.shape[1] == 16) & (b.shape[0] == 16) & (b.shape[1] == 16))
+    a = tl.reshape(tl.permute(tl.reshape(a, [16, 2, 4, 2]), (0, 1, 3, 2)), [16, 16])
+    b = tl.reshape(tl.permute(tl.reshape(b, [2, 4, 2, 16]), (0, 2, 1, 3)), [16, 16])
+    return tl.dot(a, b, input_precision=P)
 
 
 @triton.jit
@@ -113,8 +137,8 @@ def halving_step(b_Y, b_N, r, c, S: tl.constexpr, P: tl.constexpr):
     with ``C`` the lower left ``S x S`` block of each ``2S`` block of ``N``.
     ``P``: the dots' ``input_precision``."""
     b_C = tl.where(((r // (2 * S)) == (c // (2 * S))) & ((r // S) != (c // S)), b_N, 0.0)
-    b_YC = tl.dot(b_Y, b_C, input_precision=P)
-    return b_Y - tl.dot(b_YC, b_Y, input_precision=P)
+    b_YC = block_dot(b_Y, b_C, P)
+    return b_Y - block_dot(b_YC, b_Y, P)
 
 
 @triton.jit
@@ -129,7 +153,7 @@ def unit_lower_inverse_by_halving(b_N, BC: tl.constexpr, P: tl.constexpr):
     bf16 B=2 T=1000: 1.4e-4 against 1.3e-4, and 7.8e-4 against 7.5e-4).
     sm_90a SASS of the split's ``A`` kernel (triton 3.8, BK=64, 1 warp):
     3752 instructions against 5096 with the substitution, 600 shuffles
-    fewer, 230 registers against 234.
+    fewer, 230 registers against 234 (before :func:`block_dot`).
     H200, headline shape, split path, torch do_bench: 0.425 ms against 0.463."""
     tl.static_assert(BC == 16)
     o_i = tl.arange(0, BC)

@@ -92,7 +92,8 @@ def test_varlen(cu, dtype, path, record_errors):
 
 @pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
                                   "split_neumann", "fused_rows", "split_rows", "wu_narrow",
-                                  "split_substitution", "split_kperm_rows", "fused_kperm_rows"])
+                                  "split_substitution", "split_plain_dots", "fused_plain_dots",
+                                  "split_gate_exp2", "fused_gate_exp2"])
 def test_benchmark_kernel_variant(name, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
     inverted, the w/u tiles or the order of the dots' inner index compute the
