@@ -7,3 +7,12 @@ import triton.language as tl
 def safe_exp(x):
     """``exp(x)`` where ``x <= 0``, else 0 (guards the gate factor against overflow)."""
     return tl.exp(tl.where(x <= 0, x, float("-inf")))
+
+
+@triton.jit
+def safe_exp2(x):
+    """``2^x`` where ``x <= 0``, else 0: :func:`safe_exp` of ``x ln 2``, for
+    gates given in base 2 (``g log2(e)``). ``tl.exp2`` is one ``ex2.approx.ftz``
+    where ``tl.exp`` also scales its argument and guards against subnormal
+    results (results below 2^-126 flush to zero here)."""
+    return tl.exp2(tl.where(x <= 0, x, float("-inf")))

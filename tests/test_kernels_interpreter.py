@@ -93,7 +93,8 @@ def test_varlen(cu, dtype, path, record_errors):
 @pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
                                   "split_neumann", "fused_rows", "split_rows", "wu_narrow",
                                   "split_substitution", "split_plain_dots", "fused_plain_dots",
-                                  "split_gate_exp2", "fused_gate_exp2"])
+                                  "split_gate_exp", "fused_gate_exp",
+                                  "split_mask_before", "fused_mask_before"])
 def test_benchmark_kernel_variant(name, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
     inverted, the w/u tiles or the order of the dots' inner index compute the
@@ -106,6 +107,15 @@ def test_benchmark_kernel_variant(name, record_errors):
     tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5}
     record_errors(f"interpreter {name}", "float32",
                   check_against_numpy(outs, ref, "float32", 1, cu[-1], cu, tol=tol))
+
+
+def test_every_benchmark_variant_applies():
+    """Each benchmark variant's source change still finds the kernel text it
+    replaces (the timing-only ones cannot run here, but must still build)."""
+    bench = load_module("benchmarks/bench_fwd_intra.py")
+    for name, (_, stage) in bench.VARIANTS.items():
+        (kernel,) = bench.kernel_variant(name)[1].values()
+        assert kernel.fn.__name__ == bench.STAGES[stage][2], name
 
 
 @pytest.mark.parametrize("path,kernel_name", [("seed", "kkt_solve"), ("fused", "fused"), ("split", "A")])
