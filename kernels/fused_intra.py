@@ -106,7 +106,7 @@ def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.
     3152; H200 headline, torch do_bench: split 0.399 against 0.409 ms, one
     kernel 0.465 against 0.497, session 13). It rounds ``g`` once more: an
     absolute error of about ``|g| 2^-24`` in the exponent, the size of ``g``'s own
-    float32 rounding."""
+    float32 rounding (and ``|g|`` past 2.3e38 overflows where it did not)."""
     i_tc1 = i_tc0 + BC
     i_tc2 = i_tc0 + 2 * BC
     i_tc3 = i_tc0 + 3 * BC
