@@ -323,6 +323,63 @@ _MASK_BEFORE = _replace((
     "    b_C = tl.where(((r // (2 * S)) == (c // (2 * S))) & ((r // S) != (c // S)), b_N, 0.0)\n"
     "    b_YC = block_dot(b_Y, b_C, P)\n"))
 
+# fused_intra.chunk_gates' eight 16-row loads of beta and g (block pointers,
+# each loaded in the layout of the gate products that use it)
+_GATE_LOADS = (
+    "    i_tc1 = i_tc0 + BC\n    i_tc2 = i_tc0 + 2 * BC\n    i_tc3 = i_tc0 + 3 * BC\n"
+    + "".join(f"    b_b{i} = load_rows(beta, T, H, i_tc{i}, BC)\n" for i in range(4))
+    + "    if USE_G:\n"
+    + "".join(f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC) * 1.4426950408889634\n" for i in range(4))
+    + "    else:\n        b_g0 = tl.zeros([BC], dtype=tl.float32)\n")
+_GATE_VECTORS = """
+@triton.jit
+def load_vec(ptr, T, stride, r0, BC: tl.constexpr):
+    o = r0 + tl.arange(0, 4 * BC)
+    return tl.load(ptr + o.to(tl.int64) * stride, mask=o < T, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def quarters(x, BC: tl.constexpr):
+    x = tl.permute(tl.reshape(x, [2, 2, BC]), (2, 0, 1))
+    x0, x1 = tl.split(x)
+    q0, q2 = tl.split(x0)
+    q1, q3 = tl.split(x1)
+    return q0, q1, q2, q3
+
+"""
+
+
+def _gate_vectors(late: bool):
+    """A change of fused_intra.py: ``beta`` and ``g`` each loaded as one
+    64-row vector (two values per thread, ``load_vec``) and cut into the four
+    16-row pieces by reshape / split (``quarters``), instead of eight 16-row
+    block-pointer loads (sm_90a, split's ``A`` kernel: 2392 instructions and
+    226 registers against 2664 and 220). ``late``: the vectors loaded before
+    the ``k k^T`` loop but cut after it (2440 instructions, 222 registers)."""
+    def change(src: str) -> str:
+        if late:  # chunk_gates returns the two whole vectors, cut in store_chunk_A
+            loads = ("    b_b0 = load_vec(beta, T, H, i_tc0, BC)\n"
+                     "    if USE_G:\n"
+                     "        b_g0 = load_vec(g, T, H, i_tc0, BC) * 1.4426950408889634\n"
+                     "    else:\n        b_g0 = tl.zeros([4 * BC], dtype=tl.float32)\n")
+            call = ("    store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,\n")
+            src = _replace((_GATE_LOADS, loads),
+                           ("    return b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3\n",
+                            "    return b_b0, b_b0, b_b0, b_b0, b_g0, b_g0, b_g0, b_g0\n"),
+                           (call, "    b_b0, b_b1, b_b2, b_b3 = quarters(b_b0, BC)\n"
+                                  "    b_g0, b_g1, b_g2, b_g3 = quarters(b_g0, BC)\n" + call))(src)
+        else:
+            loads = ("    b_b0, b_b1, b_b2, b_b3 = quarters(load_vec(beta, T, H, i_tc0, BC), BC)\n"
+                     "    if USE_G:\n"
+                     "        b_g0, b_g1, b_g2, b_g3 = quarters(\n"
+                     "            load_vec(g, T, H, i_tc0, BC) * 1.4426950408889634, BC)\n"
+                     "    else:\n        b_g0 = tl.zeros([BC], dtype=tl.float32)\n")
+            src = _replace((_GATE_LOADS, loads))(src)
+        i = src.index("@triton.jit\ndef chunk_gates(")
+        return src[:i] + _GATE_VECTORS.lstrip() + "\n" + src[i:]
+    return change
+
+
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
     "seed_loop_bound": (_replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
@@ -359,6 +416,10 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     # halving_step's mask on N instead of on the product Y N
     "split_mask_before": (_MASK_BEFORE, "split_unit_lower"),
     "fused_mask_before": (_MASK_BEFORE, "fused_unit_lower"),
+    "split_gates_one_load": (_gate_vectors(late=False), "split"),
+    "fused_gates_one_load": (_gate_vectors(late=False), "fused"),
+    "split_gates_split_late": (_gate_vectors(late=True), "split"),
+    "fused_gates_split_late": (_gate_vectors(late=True), "fused"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of

@@ -94,15 +94,19 @@ def test_varlen(cu, dtype, path, record_errors):
                                   "split_neumann", "fused_rows", "split_rows", "wu_narrow",
                                   "split_substitution", "split_plain_dots", "fused_plain_dots",
                                   "split_gate_exp", "fused_gate_exp",
-                                  "split_mask_before", "fused_mask_before"])
-def test_benchmark_kernel_variant(name, record_errors):
+                                  "split_mask_before", "fused_mask_before",
+                                  "split_gates_one_load", "fused_gates_one_load",
+                                  "split_gates_split_late", "fused_gates_split_late"])
+@pytest.mark.parametrize("use_g", [True, False])
+def test_benchmark_kernel_variant(name, use_g, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
-    inverted, the w/u tiles or the order of the dots' inner index compute the
-    same function (the other variants time only, or undo interpreter-safe
-    changes and cannot run here)."""
+    inverted, how the gates are loaded or applied, the w/u tiles or the order
+    of the dots' inner index compute the same function, with and without
+    ``g`` (the other variants time only, or undo interpreter-safe changes and
+    cannot run here)."""
     launch_path, replaced = load_module("benchmarks/bench_fwd_intra.py").kernel_variant(name)
     cu = [0, 1, 1, 64, 130]
-    outs, ref = run("float32", 1, cu[-1], 2, 4, 32, 32, cu=cu, seed=3,
+    outs, ref = run("float32", 1, cu[-1], 2, 4, 32, 32, use_g=use_g, cu=cu, seed=3,
                     path=dict(path=launch_path, **replaced))
     tol = {"w": 1e-5, "u": 1e-5, "A": 1e-5}
     record_errors(f"interpreter {name}", "float32",
