@@ -380,6 +380,26 @@ def _gate_vectors(late: bool):
     return change
 
 
+def _k_plain_pointers(src: str) -> str:
+    """chunk_grams' four ``k`` tiles loaded through plain pointers: 64-bit
+    row offsets but 32-bit row masks, where the block pointers check their
+    bounds in 64 bits."""
+    for i in range(4):
+        old = f"        b_k{i} = tl.load(tile_ptr(k, T, K, Hg * K, i_tc{i}, i_k * BK, BC, BK), boundary_check=(0, 1))\n"
+        src = _replace((old, f"        b_k{i} = load_k_tile(k, T, i_tc{i}, i_k * BK, Hg * K, K, BC, BK)\n"))(src)
+    helper = """
+@triton.jit
+def load_k_tile(k, T, r0, c0, stride, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    r = r0 + tl.arange(0, BC)
+    c = c0 + tl.arange(0, BK)
+    return tl.load(k + r.to(tl.int64)[:, None] * stride + c[None, :],
+                   mask=(r < T)[:, None] & (c < K)[None, :], other=0.0)
+
+"""
+    i = src.index("@triton.jit\ndef chunk_grams(")
+    return src[:i] + helper.lstrip() + "\n" + src[i:]
+
+
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
     "seed_loop_bound": (_replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
@@ -420,6 +440,11 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "fused_gates_one_load": (_gate_vectors(late=False), "fused"),
     "split_gates_split_late": (_gate_vectors(late=True), "split"),
     "fused_gates_split_late": (_gate_vectors(late=True), "fused"),
+    "split_k_plain_pointers": (_k_plain_pointers, "split"),
+    "fused_k_plain_pointers": (_k_plain_pointers, "fused"),
+    # both: the gates as two vectors and the k tiles through plain pointers
+    "split_plain_loads": (lambda src: _k_plain_pointers(_gate_vectors(late=False)(src)), "split"),
+    "fused_plain_loads": (lambda src: _k_plain_pointers(_gate_vectors(late=False)(src)), "fused"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of
