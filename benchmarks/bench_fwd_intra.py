@@ -239,6 +239,13 @@ def _replace(*pairs):
     return change
 
 
+def _insert_before(src: str, function: str, helpers: str) -> str:
+    """``src`` with the ``@triton.jit`` functions ``helpers`` pasted in front of
+    the jitted ``function``."""
+    i = src.index(f"@triton.jit\ndef {function}(")
+    return src[:i] + helpers.lstrip() + "\n" + src[i:]
+
+
 def _diagonal_blocks(call: str):
     """A change of kkt_solve.py: its four forward-substitution loops replaced
     by ``call`` (a helper of ``kernels/unit_lower.py``)."""
@@ -310,10 +317,10 @@ _WU_PRODUCTS = (
 
 # fused_intra.gate's exp2 of base-2 g as the exp of g (the kernels of sessions 6 to 12)
 _GATE_EXP = _replace(
-    ("from .safe_exp import safe_exp2\n", "from .safe_exp import safe_exp\n"),
+    ("from .safe_exp import LOG2E, safe_exp2\n", "from .safe_exp import safe_exp\n"),
     ("        b_A *= safe_exp2(g_r[:, None] - g_c[None, :])\n",
      "        b_A *= safe_exp(g_r[:, None] - g_c[None, :])\n"),
-    *[(f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC) * 1.4426950408889634\n",
+    *[(f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC) * LOG2E\n",
        f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC)\n") for i in range(4)])
 
 # halving_step's mask on N (C = the masked N), as in sessions 11 and 12
@@ -329,7 +336,7 @@ _GATE_LOADS = (
     "    i_tc1 = i_tc0 + BC\n    i_tc2 = i_tc0 + 2 * BC\n    i_tc3 = i_tc0 + 3 * BC\n"
     + "".join(f"    b_b{i} = load_rows(beta, T, H, i_tc{i}, BC)\n" for i in range(4))
     + "    if USE_G:\n"
-    + "".join(f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC) * 1.4426950408889634\n" for i in range(4))
+    + "".join(f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC) * LOG2E\n" for i in range(4))
     + "    else:\n        b_g0 = tl.zeros([BC], dtype=tl.float32)\n")
 _GATE_VECTORS = """
 @triton.jit
@@ -360,7 +367,7 @@ def _gate_vectors(late: bool):
         if late:  # chunk_gates returns the two whole vectors, cut in store_chunk_A
             loads = ("    b_b0 = load_vec(beta, T, H, i_tc0, BC)\n"
                      "    if USE_G:\n"
-                     "        b_g0 = load_vec(g, T, H, i_tc0, BC) * 1.4426950408889634\n"
+                     "        b_g0 = load_vec(g, T, H, i_tc0, BC) * LOG2E\n"
                      "    else:\n        b_g0 = tl.zeros([4 * BC], dtype=tl.float32)\n")
             call = ("    store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,\n")
             src = _replace((_GATE_LOADS, loads),
@@ -372,11 +379,10 @@ def _gate_vectors(late: bool):
             loads = ("    b_b0, b_b1, b_b2, b_b3 = quarters(load_vec(beta, T, H, i_tc0, BC), BC)\n"
                      "    if USE_G:\n"
                      "        b_g0, b_g1, b_g2, b_g3 = quarters(\n"
-                     "            load_vec(g, T, H, i_tc0, BC) * 1.4426950408889634, BC)\n"
+                     "            load_vec(g, T, H, i_tc0, BC) * LOG2E, BC)\n"
                      "    else:\n        b_g0 = tl.zeros([BC], dtype=tl.float32)\n")
             src = _replace((_GATE_LOADS, loads))(src)
-        i = src.index("@triton.jit\ndef chunk_gates(")
-        return src[:i] + _GATE_VECTORS.lstrip() + "\n" + src[i:]
+        return _insert_before(src, "chunk_gates", _GATE_VECTORS)
     return change
 
 
@@ -384,10 +390,10 @@ def _k_plain_pointers(src: str) -> str:
     """chunk_grams' four ``k`` tiles loaded through plain pointers: 64-bit
     row offsets but 32-bit row masks, where the block pointers check their
     bounds in 64 bits."""
-    for i in range(4):
-        old = f"        b_k{i} = tl.load(tile_ptr(k, T, K, Hg * K, i_tc{i}, i_k * BK, BC, BK), boundary_check=(0, 1))\n"
-        src = _replace((old, f"        b_k{i} = load_k_tile(k, T, i_tc{i}, i_k * BK, Hg * K, K, BC, BK)\n"))(src)
-    helper = """
+    src = _replace(*[
+        (f"        b_k{i} = tl.load(tile_ptr(k, T, K, Hg * K, i_tc{i}, i_k * BK, BC, BK), boundary_check=(0, 1))\n",
+         f"        b_k{i} = load_k_tile(k, T, i_tc{i}, i_k * BK, Hg * K, K, BC, BK)\n") for i in range(4)])(src)
+    return _insert_before(src, "chunk_grams", """
 @triton.jit
 def load_k_tile(k, T, r0, c0, stride, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
     r = r0 + tl.arange(0, BC)
@@ -395,9 +401,7 @@ def load_k_tile(k, T, r0, c0, stride, K: tl.constexpr, BC: tl.constexpr, BK: tl.
     return tl.load(k + r.to(tl.int64)[:, None] * stride + c[None, :],
                    mask=(r < T)[:, None] & (c < K)[None, :], other=0.0)
 
-"""
-    i = src.index("@triton.jit\ndef chunk_grams(")
-    return src[:i] + helper.lstrip() + "\n" + src[i:]
+""")
 
 
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)

@@ -31,7 +31,7 @@ jax-triton: inputs, the scalar ``T``, the outputs ``w, u, A``, the constexprs.
 import triton
 import triton.language as tl
 
-from .safe_exp import safe_exp2
+from .safe_exp import LOG2E, safe_exp2
 from .tiles import at_head, load_rows, program_chunk, store_w_u, tile_ptr
 from .unit_lower import block_dot, unit_lower_inverse_by_halving
 
@@ -115,10 +115,10 @@ def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.
     b_b2 = load_rows(beta, T, H, i_tc2, BC)
     b_b3 = load_rows(beta, T, H, i_tc3, BC)
     if USE_G:
-        b_g0 = load_rows(g, T, H, i_tc0, BC) * 1.4426950408889634
-        b_g1 = load_rows(g, T, H, i_tc1, BC) * 1.4426950408889634
-        b_g2 = load_rows(g, T, H, i_tc2, BC) * 1.4426950408889634
-        b_g3 = load_rows(g, T, H, i_tc3, BC) * 1.4426950408889634
+        b_g0 = load_rows(g, T, H, i_tc0, BC) * LOG2E
+        b_g1 = load_rows(g, T, H, i_tc1, BC) * LOG2E
+        b_g2 = load_rows(g, T, H, i_tc2, BC) * LOG2E
+        b_g3 = load_rows(g, T, H, i_tc3, BC) * LOG2E
     else:
         b_g0 = tl.zeros([BC], dtype=tl.float32)
         b_g1 = b_g0

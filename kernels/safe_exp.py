@@ -9,6 +9,10 @@ def safe_exp(x):
     return tl.exp(tl.where(x <= 0, x, float("-inf")))
 
 
+# log2(e): g in base 2 (g LOG2E) makes exp(g_i - g_j) one exp2 (safe_exp2)
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
 @triton.jit
 def safe_exp2(x):
     """``2^x`` where ``x <= 0``, else 0: :func:`safe_exp` of ``x ln 2``, for
