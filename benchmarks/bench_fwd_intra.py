@@ -315,17 +315,6 @@ _WU_PRODUCTS = (
     "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
     "    store_A_times(b_A, k, w, b_kscale, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n")
 
-# tiles.program_chunk (pasted into recompute_w_u.py) counting programs from the grid's end
-_WU_REVERSED = _replace(("    i_th, i_b = tl.program_id(0), tl.program_id(1)\n",
-                         "    i_th = tl.num_programs(0) - 1 - tl.program_id(0)\n"
-                         "    i_b = tl.num_programs(1) - 1 - tl.program_id(1)\n"))
-_WU_STREAMING = _replace(
-    ("b_x = (tl.load(p_x, boundary_check=(0, 1))", "b_x = (tl.load(p_x, boundary_check=(0, 1), eviction_policy=\"evict_first\")"),
-    ("b_y.to(y.dtype.element_ty),\n                 boundary_check=(0, 1))",
-     "b_y.to(y.dtype.element_ty),\n                 boundary_check=(0, 1), cache_modifier=\".cs\")"),
-    ("b_A = tl.load(tile_ptr(A, T, BT, H * BT, i_tc0, 0, BT, BT), boundary_check=(0, 1))",
-     "b_A = tl.load(tile_ptr(A, T, BT, H * BT, i_tc0, 0, BT, BT), boundary_check=(0, 1),\n                  eviction_policy=\"evict_first\")"))
-
 # fused_intra.gate's exp2 of base-2 g as the exp of g (the kernels of sessions 6 to 12)
 _GATE_EXP = _replace(
     ("from .safe_exp import LOG2E, safe_exp2\n", "from .safe_exp import safe_exp\n"),
@@ -474,11 +463,6 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     # wide (session 5's 64 at K = V = 128)
     "wu_narrow": (_replace((_WU_PRODUCTS, _WU_PRODUCTS.replace("BV, DOT", "BV // 2, DOT")
                             .replace("BK, DOT", "BK // 2, DOT"))), "split_wu"),
-    # the w/u grid walked backwards, so that its first programs read the A and
-    # k rows the A kernel touched last (still in L2)
-    "wu_reversed": (_WU_REVERSED, "split_wu"),
-    # ... and v and A loaded evict-first, w and u stored streaming (.cs)
-    "wu_reversed_hints": (lambda src: _WU_STREAMING(_WU_REVERSED(src)), "split_wu"),
 }
 STAGES = {  # stage: (torch path, kernels/ file, kernel, fwd_intra_torch argument that
     # replaces it, a helper kernels/ file pasted in first so that the change reaches it too)

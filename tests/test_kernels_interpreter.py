@@ -90,6 +90,28 @@ def test_varlen(cu, dtype, path, record_errors):
                   check_against_numpy(outs, ref, dtype, 1, cu[-1], cu, tol=tol))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_padded_work_list(path, record_errors):
+    """The work list ``chunk_indices_in_graph`` builds inside ``jax.jit``: the
+    real chunks, then padding rows (chunk ``cdiv(T, 64)`` of sequence 0),
+    which every kernel must skip. The w/u kernel walks them in its persistent
+    loop (4 programs here, two SMs under the interpreter), storing nothing."""
+    from gdn_jax.chunk_indices import chunk_indices_in_graph
+
+    cu = [0, 1, 1, 64, 130]
+    ci = np.asarray(chunk_indices_in_graph(jax.numpy.asarray(cu, jax.numpy.int32), cu[-1], 64))
+    assert len(ci) > 4 and (ci[-1] == (0, 3)).all()  # padding rows past 4 real chunks
+    k, v, g, beta = make_inputs(7, 1, cu[-1], 2, 4, 32, 16, "float32", cu_seqlens=cu)
+    outs = fwd_intra_torch(*(to_torch(x, torch.float32) for x in (k, v, g, beta)),
+                           cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+                           chunk_indices=torch.from_numpy(ci), autotune=False,
+                           dot_precision="ieee", **PATHS[path])
+    ref = fwd_intra_numpy(*as_f64(k, v, g, beta), cu_seqlens=cu)
+    record_errors(f"interpreter {path} padded work list", "float32",
+                  check_against_numpy([o.numpy() for o in outs], ref, "float32", 1, cu[-1], cu,
+                                      tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
+
+
 @pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
                                   "split_neumann", "fused_rows", "split_rows", "wu_narrow",
                                   "split_substitution", "split_plain_dots", "fused_plain_dots",
@@ -98,8 +120,7 @@ def test_varlen(cu, dtype, path, record_errors):
                                   "split_gates_one_load", "fused_gates_one_load",
                                   "split_gates_split_late", "fused_gates_split_late",
                                   "split_k_plain_pointers", "fused_k_plain_pointers",
-                                  "split_plain_loads", "fused_plain_loads",
-                                  "wu_reversed", "wu_reversed_hints"])
+                                  "split_plain_loads", "fused_plain_loads"])
 @pytest.mark.parametrize("use_g", [True, False])
 def test_benchmark_kernel_variant(name, use_g, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
