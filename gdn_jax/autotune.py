@@ -43,7 +43,7 @@ from .chunk_indices import padding_row, prepare_chunk_indices
 # every earlier GPU test run used.
 UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
-    "recompute_w_u": dict(PER_SM=2, num_warps=4, num_stages=3),
+    "recompute_w_u": dict(num_warps=8, num_stages=3),
     "fused": dict(BK=64, num_warps=2, num_stages=3),
     "A": dict(BK=64, num_warps=1),
 }

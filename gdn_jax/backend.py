@@ -15,14 +15,6 @@ def cuda_available() -> bool:
     return "rocm" not in version
 
 
-@functools.cache
-def sm_count() -> int:
-    """Streaming multiprocessors of JAX's first device (the persistent w/u
-    kernel's grid is a multiple of it); 132 (an H100 / H200) where the device
-    does not say."""
-    return int(getattr(jax.devices()[0], "core_count", 0) or 132)
-
-
 # Programs per launch up to which the one kernel beats the split path.
 ONE_KERNEL_MAX_PROGRAMS = 2048
 

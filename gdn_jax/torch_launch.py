@@ -12,7 +12,7 @@ from .kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_ker
 from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
 from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
 from .autotune import UNTUNED
-from .triton_launch import BC, _block, head_fastest_grid, persistent_grid, wu_blocks
+from .triton_launch import BC, _block, head_fastest_grid, wu_blocks
 
 
 def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None):
@@ -79,9 +79,5 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         kkt, config = tuned_or_fixed(A_kernel or kkt_solve_kernel, "kkt_solve", autotune, configs)
         kkt[(NT, H, B)](k=k, A=A, BC=BC, **common, **config)  # the seed's chunk-major grid
     wu, config = tuned_or_fixed(wu_kernel or recompute_w_u_fwd_kernel, "recompute_w_u", autotune, configs)
-    n_tasks = NT * H * B
-    # SMs of the GPU; 2 under the interpreter, so that its programs loop
-    sms = torch.cuda.get_device_properties(k.device).multi_processor_count if k.is_cuda else 2
-    wu[persistent_grid(n_tasks, sms)](k=k, v=v, A=A, w=w, u=u, V=V, n_tasks=n_tasks,
-                                      **wu_blocks(K, V), **common, **config)
+    wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, **wu_blocks(K, V), **common, **config)
     return w, u, A

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 
 from .autotune import autotune_enabled, chosen_config, timing_allowed
-from .backend import sm_count
 from .chunk_indices import cdiv
 from .validate import check_kernel_dtypes
 
@@ -25,13 +24,6 @@ def head_fastest_grid(NT: int, H: int, B: int) -> tuple[int, int]:
     """Grid of every kernel but the seed's kkt_solve: (chunk, value head) pairs
     with the head fastest, so GQA heads of one key head run side by side; batch rows."""
     return (NT * H, B)
-
-
-def persistent_grid(n_tasks: int, sms: int):
-    """Grid of the persistent w/u kernel as a function of its config's
-    ``PER_SM``: that many programs per SM (``n_tasks`` at most), or one
-    program per task for ``PER_SM=0``."""
-    return lambda meta: (n_tasks if meta["PER_SM"] == 0 else min(n_tasks, meta["PER_SM"] * sms),)
 
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's largest grid, per dimension
@@ -108,16 +100,15 @@ def wu_blocks(K: int, V: int) -> dict:
     return dict(BK=_block(K, 128), BV=_block(V, 128))
 
 
-def launch(name: str, kernel, operands, *, out, grid, T, **kwargs):
+def launch(name: str, kernel, operands, *, out, grid, **kwargs):
     """One ``triton_call`` of the autotuned ``kernel`` (its inner ``JITFunction``)
     with the single config :func:`gdn_jax.autotune.chosen_config` picks for
-    its constexprs (``kwargs``) and dtypes; ``operands`` end with the scalars
-    (``T``, the rows of one batch row, first)."""
+    its constexprs (``kwargs``) and dtypes; ``operands`` end with the scalar ``T``."""
     def run(ops, **config):
         return triton_call(*ops, kernel=kernel.fn, out=out, grid=grid, **kwargs, **config)
 
     return run(operands, **chosen_config(name, kernel.configs, operands, run,
-                                         tuple(sorted(kwargs.items())), T=T))
+                                         tuple(sorted(kwargs.items())), T=operands[-1]))
 
 
 # Launches of more rows (B * T) time their configs on a launch of this many
@@ -177,12 +168,6 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     if path == "seed":
         check_grid(path, chunk_major, ("chunks NT", "value heads H", "batch rows B"))
     check_grid(path, head_fastest, ("chunks * value heads (NT * H)", "batch rows B"))
-    n_tasks = NT * H * B  # the w/u kernel's work list, indexed in int32
-    if path != "triton" and n_tasks > GRID_LIMITS[0]:
-        raise ValueError(
-            f"fwd_intra: impl={path!r} gives its w/u kernel {n_tasks} (chunk, value head, batch row) "
-            f"tasks (NT * H * B = {NT} * {H} * {B}), over its int32 task index's limit of "
-            f"{GRID_LIMITS[0]}; split the call (e.g. over batch rows)")
     time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path)
 
     # jax-triton 0.3 takes no None operand: an unused pointer gets a 1-element
@@ -198,17 +183,17 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
 
     if path == "triton":
         return launch("fused", gdn_fwd_intra_fused_kernel, (k, v, g_arg, beta, cu_arg, ci_arg, T),
-                      out=(w_type, u_type, A_type), grid=head_fastest, T=T,
+                      out=(w_type, u_type, A_type), grid=head_fastest,
                       H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BV=_block(V), **flags)
     if path == "split":  # the A kernel stores A whole
         A = launch("A", gdn_fwd_intra_A_kernel, (k, g_arg, beta, cu_arg, ci_arg, T),
-                   out=A_type, grid=head_fastest, T=T, H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags)
+                   out=A_type, grid=head_fastest, H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags)
     else:
         A = launch("kkt_solve", chunk_gated_delta_rule_fwd_kkt_solve_kernel,
-                   (k, g_arg, beta, cu_arg, ci_arg, T), out=A_type, grid=chunk_major, T=T,
+                   (k, g_arg, beta, cu_arg, ci_arg, T), out=A_type, grid=chunk_major,
                    zeroed=True,  # the kernel writes the lower blocks only, as in the seed
                    H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags)
     w, u = launch("recompute_w_u", recompute_w_u_fwd_kernel,
-                  (k, v, beta, g_arg, A, cu_arg, ci_arg, T, n_tasks), out=(w_type, u_type),
-                  grid=persistent_grid(n_tasks, sm_count()), T=T, H=H, Hg=Hg, K=K, V=V, BT=BT, **wu_blocks(K, V), **flags)
+                  (k, v, beta, g_arg, A, cu_arg, ci_arg, T), out=(w_type, u_type), grid=head_fastest,
+                  H=H, Hg=Hg, K=K, V=V, BT=BT, **wu_blocks(K, V), **flags)
     return w, u, A

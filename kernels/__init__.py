@@ -7,6 +7,5 @@ under ``TRITON_INTERPRET=1``, benchmarks) in ``gdn_jax/torch_launch.py``.
 - ``kkt_solve.chunk_gated_delta_rule_fwd_kkt_solve_kernel``: the seed's fused
   ``beta * K K^T`` + ``(I + L)^-1`` kernel, writes ``A``.
 - ``recompute_w_u.recompute_w_u_fwd_kernel``: ``u = A (beta v)``,
-  ``w = A (beta exp(g) k)`` per chunk and head, in a persistent loop over
-  the (chunk, head) tasks that Triton software-pipelines.
+  ``w = A (beta exp(g) k)`` per chunk and head.
 """

@@ -1,5 +1,5 @@
 """``@triton.jit`` helpers shared by ``recompute_w_u.py`` and ``fused_intra.py``: tiles
-of rows, and the chunk of an entry of the head-fastest work list.
+of rows, and the program's chunk on the head-fastest grid.
 
 Rows are tokens of one sequence (``T`` of them, row stride ``H * dim`` in the
 packed ``[B, T, H, dim]`` layout). The row and tile helpers take pointers
@@ -75,12 +75,11 @@ def store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: t
 
 
 @triton.jit
-def chunk_of(i_th, i_b, cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """``(i_t, i_h, bos, T)`` of entry ``(i_th, i_b)`` of the head-fastest
-    work list (``i_th`` runs over (chunk, value head) pairs with the head
-    fastest, ``i_b`` over batch rows): the chunk's index inside its sequence,
-    the value head, the sequence's first row (64-bit, so that offsets stay
-    right past 2^31 elements) and its length."""
+def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(i_t, i_h, bos, T)`` of this program on the head-fastest grid: the
+    chunk's index inside its sequence, the value head, the sequence's first row
+    (64-bit, so that offsets stay right past 2^31 elements) and its length."""
+    i_th, i_b = tl.program_id(0), tl.program_id(1)
     i_t, i_h = i_th // H, i_th % H
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
@@ -90,9 +89,3 @@ def chunk_of(i_th, i_b, cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN
     else:
         bos = i_b.to(tl.int64) * T
     return i_t, i_h, bos, T
-
-
-@triton.jit
-def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """:func:`chunk_of` this program on the head-fastest grid ``(NT * H, B)``."""
-    return chunk_of(tl.program_id(0), tl.program_id(1), cu_seqlens, chunk_indices, T, H, IS_VARLEN)

@@ -84,7 +84,7 @@ def main():
         "kkt_solve (seed)": (chunk_gated_delta_rule_fwd_kkt_solve_kernel,
                              dict(k=bf, g=f32, beta=f32, **runtime, A=bf), dict(**heads, BC=BC, **flags)),
         "recompute_w_u": (recompute_w_u_fwd_kernel,
-                          dict(k=bf, v=bf, beta=f32, g=f32, A=bf, **runtime, n_tasks="i32", w=bf, u=bf),
+                          dict(k=bf, v=bf, beta=f32, g=f32, A=bf, **runtime, w=bf, u=bf),
                           dict(**heads, V=a.K, **wu_blocks(a.K, a.K), **flags)),
         "one-kernel (fused_intra)": (gdn_fwd_intra_fused_kernel,
                                      dict(k=bf, v=bf, g=f32, beta=f32, **runtime, w=bf, u=bf, A=bf),
