@@ -404,6 +404,15 @@ def load_k_tile(k, T, r0, c0, stride, K: tl.constexpr, BC: tl.constexpr, BK: tl.
 """)
 
 
+_GATES_ONE_LOAD = _gate_vectors(late=False)
+_GATES_SPLIT_LATE = _gate_vectors(late=True)
+
+
+def _plain_loads(src: str) -> str:
+    """Both: the gates as two vectors and the ``k`` tiles through plain pointers."""
+    return _k_plain_pointers(_GATES_ONE_LOAD(src))
+
+
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
     # the seed's forward-substitution loop bound, which the interpreter cannot run
     "seed_loop_bound": (_replace(*[("for i in range(2, BC):", f"for i in range(2, min(BC, T - i_tc{i})):")
@@ -440,15 +449,14 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     # halving_step's mask on N instead of on the product Y N
     "split_mask_before": (_MASK_BEFORE, "split_unit_lower"),
     "fused_mask_before": (_MASK_BEFORE, "fused_unit_lower"),
-    "split_gates_one_load": (_gate_vectors(late=False), "split"),
-    "fused_gates_one_load": (_gate_vectors(late=False), "fused"),
-    "split_gates_split_late": (_gate_vectors(late=True), "split"),
-    "fused_gates_split_late": (_gate_vectors(late=True), "fused"),
+    "split_gates_one_load": (_GATES_ONE_LOAD, "split"),
+    "fused_gates_one_load": (_GATES_ONE_LOAD, "fused"),
+    "split_gates_split_late": (_GATES_SPLIT_LATE, "split"),
+    "fused_gates_split_late": (_GATES_SPLIT_LATE, "fused"),
     "split_k_plain_pointers": (_k_plain_pointers, "split"),
     "fused_k_plain_pointers": (_k_plain_pointers, "fused"),
-    # both: the gates as two vectors and the k tiles through plain pointers
-    "split_plain_loads": (lambda src: _k_plain_pointers(_gate_vectors(late=False)(src)), "split"),
-    "fused_plain_loads": (lambda src: _k_plain_pointers(_gate_vectors(late=False)(src)), "fused"),
+    "split_plain_loads": (_plain_loads, "split"),
+    "fused_plain_loads": (_plain_loads, "fused"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of

@@ -35,12 +35,13 @@ def to_torch(x, dtype):
 PATHS = {"seed": dict(path="seed"), "one-kernel": dict(path="fused"), "split": dict(path="split")}
 
 
-def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0, path=None):
+def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0, path=None, chunk_indices=None):
     k, v, g, beta = make_inputs(seed, B, T, Hg, H, K, V, dtype, use_g=use_g, cu_seqlens=cu)
     td = TORCH_DTYPES[dtype]
     outs = fwd_intra_torch(
         to_torch(k, td), to_torch(v, td), to_torch(g, torch.float32), to_torch(beta, torch.float32),
         cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32),
+        chunk_indices=None if chunk_indices is None else torch.from_numpy(chunk_indices),
         autotune=False, dot_precision="ieee", **path,
     )
     outs = [o.float().numpy() for o in outs]
@@ -100,14 +101,9 @@ def test_padded_work_list(path, record_errors):
     cu = [0, 1, 1, 64, 130]
     ci = np.asarray(chunk_indices_in_graph(jax.numpy.asarray(cu, jax.numpy.int32), cu[-1], 64))
     assert len(ci) > 4 and (ci[4:] == (0, 3)).all()  # padding rows past the 4 real chunks
-    k, v, g, beta = make_inputs(7, 1, cu[-1], 2, 4, 32, 16, "float32", cu_seqlens=cu)
-    outs = fwd_intra_torch(*(to_torch(x, torch.float32) for x in (k, v, g, beta)),
-                           cu_seqlens=torch.tensor(cu, dtype=torch.int32),
-                           chunk_indices=torch.from_numpy(ci), autotune=False,
-                           dot_precision="ieee", **PATHS[path])
-    ref = fwd_intra_numpy(*as_f64(k, v, g, beta), cu_seqlens=cu)
+    outs, ref = run("float32", 1, cu[-1], 2, 4, 32, 16, cu=cu, seed=7, path=PATHS[path], chunk_indices=ci)
     record_errors(f"interpreter {path} padded work list", "float32",
-                  check_against_numpy([o.numpy() for o in outs], ref, "float32", 1, cu[-1], cu,
+                  check_against_numpy(outs, ref, "float32", 1, cu[-1], cu,
                                       tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
 
 
