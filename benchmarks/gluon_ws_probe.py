@@ -34,20 +34,27 @@ import sys
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 BT = gl.constexpr(64)
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
-# ---------------------------------------------------------------- builder (1 warp)
+# ---------------------------------------------------------------- builders (4 warps, one task each)
+#
+# One partition of 4 warps; every tensor has a leading dimension of 4, laid
+# out one index per warp, so each warp builds its own task's A as a one-warp
+# program would (batched mma_v2 keeps the batch index on the warp). One code
+# copy for the four: four one-warp partitions compiled to four copies of the
+# builder (~14 K SASS instructions), and Nsight Compute put 44% of the stall
+# samples on instruction fetch ("no instruction").
 
 @gluon.jit
 def dot32(a, b):
-    """``a @ b`` of two [16, 16] float32 blocks in the one-warp mma layout (tf32)."""
+    """Batched ``a @ b`` of ``[4, 16, 16]`` float32 blocks in the builders' mma layout (tf32)."""
     mma: gl.constexpr = a.type.layout
-    acc = gl.zeros([16, 16], gl.float32, mma)
+    acc = gl.zeros([4, 16, 16], gl.float32, mma)
     return mma_v2(gl.convert_layout(a, gl.DotOperandLayout(0, mma, 1)),
                   gl.convert_layout(b, gl.DotOperandLayout(1, mma, 1)), acc, input_precision="tf32")
 
@@ -60,6 +67,7 @@ def halving_step(Y, N, r, c, S: gl.constexpr):
 
 @gluon.jit
 def inverse_by_halving(N, r, c):
+    """``(I + N)^-1`` of strictly lower ``[16, 16]`` blocks (kernels/unit_lower.py)."""
     Y = (r == c).to(gl.float32) - gl.where((r // 2) == (c // 2), N, 0.0)
     Y = halving_step(Y, N, r, c, 2)
     Y = halving_step(Y, N, r, c, 4)
@@ -68,100 +76,122 @@ def inverse_by_halving(N, r, c):
 
 @gluon.jit
 def gate(b, g_r, g_c, beta_r):
-    b = b * gl.exp2(gl.where(g_r[:, None] - g_c[None, :] <= 0, g_r[:, None] - g_c[None, :],
-                             float("-inf")))
-    return b * beta_r[:, None]
+    d = g_r[:, :, None] - g_c[:, None, :]
+    return b * gl.exp2(gl.where(d <= 0, d, float("-inf"))) * beta_r[:, :, None]
 
 
 @gluon.jit
-def load_k_block(k, T, bos, kh, row0, col0, Hg: gl.constexpr, K: gl.constexpr,
-                 BK: gl.constexpr, ld: gl.constexpr):
-    rows = row0 + gl.arange(0, 16, layout=gl.SliceLayout(1, ld))
-    cols = col0 + gl.arange(0, BK, layout=gl.SliceLayout(0, ld))
-    ptr = k + ((bos + rows[:, None]) * Hg + kh) * K + cols[None, :]
-    return gl.load(ptr, mask=rows[:, None] < T, other=0.0)
+def load_vec(x, rows0, i_h, T, valid, blk: gl.constexpr, H: gl.constexpr, layout: gl.constexpr):
+    """``[4, 16]`` float32 values ``x[row, head]`` of the four tasks' 16-row block
+    (rows and their end ``T`` as absolute row indices, ``[4]`` each)."""
+    o = gl.arange(0, 16, layout=gl.SliceLayout(0, layout))
+    rows = rows0[:, None] + blk * 16 + o[None, :]
+    m = (rows < T[:, None]) & valid[:, None]
+    return gl.load(x + rows * H + i_h[:, None], mask=m, other=0.0)
 
 
 @gluon.jit
-def store_block(A, a_slot, T, bos, i_h, i_tc0, rb: gl.constexpr, cb: gl.constexpr, blk, r, c,
+def issue_k(k, kb, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.constexpr,
+            K: gl.constexpr, ld: gl.constexpr):
+    """cp.async of the ``[64, K]`` key tiles of group ``q``'s four tasks into
+    ``kb`` (``[4, 64, K]``; rows past ``T`` and missing tasks as zeros)."""
+    wl: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, ld))
+    j = 4 * q + gl.arange(0, 4, layout=wl)
+    t = pid + j * nprog
+    i_h = t % H
+    row0 = (t // (H * NTC)).to(gl.int64) * T + ((t // H) % NTC) * BT
+    n = gl.minimum(T - ((t // H) % NTC) * BT, BT)
+    o1 = gl.arange(0, BT, layout=gl.SliceLayout(0, gl.SliceLayout(2, ld)))
+    o2 = gl.arange(0, K, layout=gl.SliceLayout(0, gl.SliceLayout(1, ld)))
+    ptr = k + ((row0[:, None, None] + o1[None, :, None]) * Hg + (i_h // (H // Hg))[:, None, None]) * K \
+        + o2[None, None, :]
+    m = (o1[None, :, None] < n[:, None, None]) & (j < n_local)[:, None, None]
+    async_copy.async_copy_global_to_shared(kb, ptr, mask=m)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def store_block(A, slot, rows0, i_h, T, valid, rb: gl.constexpr, cb: gl.constexpr, blk, r, c,
                 H: gl.constexpr):
-    """Block (rb, cb) of the chunk's A to HBM (rows < T) and to the ring slot."""
+    """Block ``(rb, cb)`` of the four tasks' ``A`` to HBM (rows < T) and to their ring slots."""
     val = blk.to(gl.bfloat16)
-    rows = i_tc0 + rb * 16 + r
-    ptr = A + ((bos + rows) * H + i_h) * BT + cb * 16 + c
-    gl.store(ptr, val, mask=(rows < T) & (c >= 0))
-    a_slot.slice(rb * 16, 16, 0).slice(cb * 16, 16, 1).store(val)
+    rows = rows0[:, None, None] + rb * 16 + r
+    ptr = A + (rows * H + i_h[:, None, None]) * BT + cb * 16 + c
+    gl.store(ptr, val, mask=(rows < T[:, None, None]) & valid[:, None, None] & (c >= 0))
+    slot.slice(rb * 16, 16, 1).slice(cb * 16, 16, 2).store(val)
 
 
 @gluon.jit
-def builder_partition(k, g, beta, A, a_ring, ready, empty, T, n_tasks, NTC,
-                      BID: gl.constexpr, NB: gl.constexpr, S: gl.constexpr,
-                      H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr, BK: gl.constexpr,
-                      MODE: gl.constexpr):
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1],
-                                                  instr_shape=[16, 8])
+def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
+                      G: gl.constexpr, H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr,
+                      BK: gl.constexpr, MODE: gl.constexpr):
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
+                                                  instr_shape=[1, 16, 8])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     opB: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
-    ldT: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 1], [0, 1])
-    rowL: gl.constexpr = gl.SliceLayout(1, mma)
-    colL: gl.constexpr = gl.SliceLayout(0, mma)
-    o_r = gl.arange(0, 16, layout=rowL)
-    o_c = gl.arange(0, 16, layout=colL)
-    r = o_r[:, None]
-    c = o_c[None, :]
+    ld: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [4, 1, 1], [2, 1, 0])
+    rowL: gl.constexpr = gl.SliceLayout(2, mma)
+    colL: gl.constexpr = gl.SliceLayout(1, mma)
+    wl: gl.constexpr = gl.SliceLayout(1, rowL)
+    r = gl.arange(0, 16, layout=gl.SliceLayout(0, rowL))[None, :, None]
+    c = gl.arange(0, 16, layout=gl.SliceLayout(0, colL))[None, None, :]
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     n_local = gl.cdiv(n_tasks - pid, nprog)
-    for j in range(BID, n_local, NB):
+    n_groups = gl.cdiv(n_local, 4)
+    if MODE != 2:
+        issue_k(k, kb, 0, pid, nprog, n_local, T, NTC, H, Hg, K, ld)
+    for q in range(0, n_groups):
+        gs = q % G
         if MODE == 2:  # ablation: the w/u partition alone (A slots as they are)
-            mbarrier.wait(empty.index(j % S), ((j // S) & 1) ^ 1)
-            mbarrier.arrive(ready.index(j % S))
+            mbarrier.wait(empty.index(gs), ((q // G) & 1) ^ 1)
+            mbarrier.arrive(ready.index(gs))
         else:
+            j = 4 * q + gl.arange(0, 4, layout=wl)
+            valid = j < n_local
             t = pid + j * nprog
             i_h = t % H
-            i_t = (t // H) % NTC
-            i_b = t // (H * NTC)
-            bos = i_b.to(gl.int64) * T
-            kh = i_h // (H // Hg)
-            i_tc0 = i_t * BT
-            # gates
-            gp = g + (bos + i_tc0) * H + i_h
-            bp = beta + (bos + i_tc0) * H + i_h
-            g_r0 = gl.load(gp + o_r * H, mask=i_tc0 + o_r < T, other=0.0) * LOG2E
-            g_r1 = gl.load(gp + (o_r + 16) * H, mask=i_tc0 + 16 + o_r < T, other=0.0) * LOG2E
-            g_r2 = gl.load(gp + (o_r + 32) * H, mask=i_tc0 + 32 + o_r < T, other=0.0) * LOG2E
-            g_r3 = gl.load(gp + (o_r + 48) * H, mask=i_tc0 + 48 + o_r < T, other=0.0) * LOG2E
-            g_c0 = gl.load(gp + o_c * H, mask=i_tc0 + o_c < T, other=0.0) * LOG2E
-            g_c1 = gl.load(gp + (o_c + 16) * H, mask=i_tc0 + 16 + o_c < T, other=0.0) * LOG2E
-            g_c2 = gl.load(gp + (o_c + 32) * H, mask=i_tc0 + 32 + o_c < T, other=0.0) * LOG2E
-            b_r0 = gl.load(bp + o_r * H, mask=i_tc0 + o_r < T, other=0.0)
-            b_r1 = gl.load(bp + (o_r + 16) * H, mask=i_tc0 + 16 + o_r < T, other=0.0)
-            b_r2 = gl.load(bp + (o_r + 32) * H, mask=i_tc0 + 32 + o_r < T, other=0.0)
-            b_r3 = gl.load(bp + (o_r + 48) * H, mask=i_tc0 + 48 + o_r < T, other=0.0)
-            # k k^T in ten 16x16 blocks
-            A00 = gl.zeros([16, 16], gl.float32, mma)
-            A10 = gl.zeros([16, 16], gl.float32, mma)
-            A11 = gl.zeros([16, 16], gl.float32, mma)
-            A20 = gl.zeros([16, 16], gl.float32, mma)
-            A21 = gl.zeros([16, 16], gl.float32, mma)
-            A22 = gl.zeros([16, 16], gl.float32, mma)
-            A30 = gl.zeros([16, 16], gl.float32, mma)
-            A31 = gl.zeros([16, 16], gl.float32, mma)
-            A32 = gl.zeros([16, 16], gl.float32, mma)
-            A33 = gl.zeros([16, 16], gl.float32, mma)
-            for i_k in range(K // BK):
-                k0 = load_k_block(k, T, bos, kh, i_tc0, i_k * BK, Hg, K, BK, ld)
-                k1 = load_k_block(k, T, bos, kh, i_tc0 + 16, i_k * BK, Hg, K, BK, ld)
-                k2 = load_k_block(k, T, bos, kh, i_tc0 + 32, i_k * BK, Hg, K, BK, ld)
-                k3 = load_k_block(k, T, bos, kh, i_tc0 + 48, i_k * BK, Hg, K, BK, ld)
-                a0 = gl.convert_layout(k0, opA)
-                a1 = gl.convert_layout(k1, opA)
-                a2 = gl.convert_layout(k2, opA)
-                a3 = gl.convert_layout(k3, opA)
-                t0 = gl.convert_layout(gl.permute(k0, [1, 0]), opB)
-                t1 = gl.convert_layout(gl.permute(k1, [1, 0]), opB)
-                t2 = gl.convert_layout(gl.permute(k2, [1, 0]), opB)
+            i_tc0 = ((t // H) % NTC) * BT
+            rows0 = (t // (H * NTC)).to(gl.int64) * T + i_tc0
+            Tb = (t // (H * NTC)).to(gl.int64) * T + T  # the batch row's end, as a row index
+            # gates (g in base 2), [4, 16] per 16-row block
+            g_r0 = load_vec(g, rows0, i_h, Tb, valid, 0, H, rowL) * LOG2E
+            g_r1 = load_vec(g, rows0, i_h, Tb, valid, 1, H, rowL) * LOG2E
+            g_r2 = load_vec(g, rows0, i_h, Tb, valid, 2, H, rowL) * LOG2E
+            g_r3 = load_vec(g, rows0, i_h, Tb, valid, 3, H, rowL) * LOG2E
+            g_c0 = gl.convert_layout(g_r0, colL)
+            g_c1 = gl.convert_layout(g_r1, colL)
+            g_c2 = gl.convert_layout(g_r2, colL)
+            g_c3 = gl.convert_layout(g_r3, colL)
+            b_r0 = load_vec(beta, rows0, i_h, Tb, valid, 0, H, rowL)
+            b_r1 = load_vec(beta, rows0, i_h, Tb, valid, 1, H, rowL)
+            b_r2 = load_vec(beta, rows0, i_h, Tb, valid, 2, H, rowL)
+            b_r3 = load_vec(beta, rows0, i_h, Tb, valid, 3, H, rowL)
+            # k k^T in ten 16x16 blocks per task, operands from the copied tiles
+            A00 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A10 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A11 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A20 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A21 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A22 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A30 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A31 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A32 = gl.zeros([4, 16, 16], gl.float32, mma)
+            A33 = gl.zeros([4, 16, 16], gl.float32, mma)
+            async_copy.wait_group(0)
+            gl.thread_barrier()
+            for i_k in gl.static_range(K // BK):
+                s0 = kb.slice(0, 16, 1).slice(i_k * BK, BK, 2)
+                s1 = kb.slice(16, 16, 1).slice(i_k * BK, BK, 2)
+                s2 = kb.slice(32, 16, 1).slice(i_k * BK, BK, 2)
+                s3 = kb.slice(48, 16, 1).slice(i_k * BK, BK, 2)
+                a0 = s0.load(opA)
+                a1 = s1.load(opA)
+                a2 = s2.load(opA)
+                a3 = s3.load(opA)
+                t0 = s0.permute([0, 2, 1]).load(opB)
+                t1 = s1.permute([0, 2, 1]).load(opB)
+                t2 = s2.permute([0, 2, 1]).load(opB)
                 A00 = mma_v2(a0, t0, A00)
                 A10 = mma_v2(a1, t0, A10)
                 A11 = mma_v2(a1, t1, A11)
@@ -171,58 +201,52 @@ def builder_partition(k, g, beta, A, a_ring, ready, empty, T, n_tasks, NTC,
                 A30 = mma_v2(a3, t0, A30)
                 A31 = mma_v2(a3, t1, A31)
                 A32 = mma_v2(a3, t2, A32)
-                A33 = mma_v2(a3, gl.convert_layout(gl.permute(k3, [1, 0]), opB), A33)
-            s = j % S
-            mbarrier.wait(empty.index(s), ((j // S) & 1) ^ 1)
-            slot = a_ring.index(s)
-            zero = gl.zeros([16, 16], gl.float32, mma)
-            store_block(A, slot, T, bos, i_h, i_tc0, 0, 1, zero, r, c, H)
-            store_block(A, slot, T, bos, i_h, i_tc0, 0, 2, zero, r, c, H)
-            store_block(A, slot, T, bos, i_h, i_tc0, 0, 3, zero, r, c, H)
-            store_block(A, slot, T, bos, i_h, i_tc0, 1, 2, zero, r, c, H)
-            store_block(A, slot, T, bos, i_h, i_tc0, 1, 3, zero, r, c, H)
-            store_block(A, slot, T, bos, i_h, i_tc0, 2, 3, zero, r, c, H)
-            # Each block is stored as soon as it is final (fewer live registers).
+                A33 = mma_v2(a3, s3.permute([0, 2, 1]).load(opB), A33)
+            gl.thread_barrier()
+            if q + 1 < n_groups:  # the next group's key tiles while this group's A is built
+                issue_k(k, kb, q + 1, pid, nprog, n_local, T, NTC, H, Hg, K, ld)
+
+            mbarrier.wait(empty.index(gs), ((q // G) & 1) ^ 1)
+            # the group's four consecutive [64, 64] slots as one [4, 64, 64] view
+            slot = a_ring.index(4 * gs)._reinterpret(
+                gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
+            zero = gl.zeros([4, 16, 16], gl.float32, mma)
+            store_block(A, slot, rows0, i_h, Tb, valid, 0, 1, zero, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 0, 2, zero, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 0, 3, zero, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 1, 2, zero, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 1, 3, zero, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 2, 3, zero, r, c, H)
             m_d = r > c
-            g_c3 = gl.convert_layout(g_r3, colL)
             Ai00 = inverse_by_halving(gl.where(m_d, gate(A00, g_r0, g_c0, b_r0), 0.0), r, c)
-            store_block(A, slot, T, bos, i_h, i_tc0, 0, 0, Ai00, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 0, 0, Ai00, r, c, H)
             Ai11 = inverse_by_halving(gl.where(m_d, gate(A11, g_r1, g_c1, b_r1), 0.0), r, c)
-            store_block(A, slot, T, bos, i_h, i_tc0, 1, 1, Ai11, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 1, 1, Ai11, r, c, H)
             Ai10 = -dot32(dot32(Ai11, gate(A10, g_r1, g_c0, b_r1)), Ai00)
-            store_block(A, slot, T, bos, i_h, i_tc0, 1, 0, Ai10, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 1, 0, Ai10, r, c, H)
             Ai22 = inverse_by_halving(gl.where(m_d, gate(A22, g_r2, g_c2, b_r2), 0.0), r, c)
-            store_block(A, slot, T, bos, i_h, i_tc0, 2, 2, Ai22, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 2, 2, Ai22, r, c, H)
             L21 = gate(A21, g_r2, g_c1, b_r2)
             Ai21 = -dot32(dot32(Ai22, L21), Ai11)
-            store_block(A, slot, T, bos, i_h, i_tc0, 2, 1, Ai21, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 2, 1, Ai21, r, c, H)
             Ai20 = -dot32(Ai22, dot32(gate(A20, g_r2, g_c0, b_r2), Ai00) + dot32(L21, Ai10))
-            store_block(A, slot, T, bos, i_h, i_tc0, 2, 0, Ai20, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 2, 0, Ai20, r, c, H)
             Ai33 = inverse_by_halving(gl.where(m_d, gate(A33, g_r3, g_c3, b_r3), 0.0), r, c)
-            store_block(A, slot, T, bos, i_h, i_tc0, 3, 3, Ai33, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 3, 3, Ai33, r, c, H)
             L32 = gate(A32, g_r3, g_c2, b_r3)
             Ai32 = -dot32(dot32(Ai33, L32), Ai22)
-            store_block(A, slot, T, bos, i_h, i_tc0, 3, 2, Ai32, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 3, 2, Ai32, r, c, H)
             L31 = gate(A31, g_r3, g_c1, b_r3)
             Ai31 = -dot32(Ai33, dot32(L31, Ai11) + dot32(L32, Ai21))
-            store_block(A, slot, T, bos, i_h, i_tc0, 3, 1, Ai31, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 3, 1, Ai31, r, c, H)
             Ai30 = -dot32(Ai33, dot32(gate(A30, g_r3, g_c0, b_r3), Ai00) + dot32(L31, Ai10)
                           + dot32(L32, Ai20))
-            store_block(A, slot, T, bos, i_h, i_tc0, 3, 0, Ai30, r, c, H)
+            store_block(A, slot, rows0, i_h, Tb, valid, 3, 0, Ai30, r, c, H)
             gl.thread_barrier()
-            mbarrier.arrive(ready.index(s))
+            mbarrier.arrive(ready.index(gs))
 
 
 # ---------------------------------------------------------------- w/u (default, 4 warps)
-
-@gluon.jit
-def load_tile(x, T, bos, head, n_heads: gl.constexpr, D: gl.constexpr, i_tc0, col0,
-              BX: gl.constexpr, blk: gl.constexpr):
-    rows = i_tc0 + gl.arange(0, BT, layout=gl.SliceLayout(1, blk))
-    cols = col0 + gl.arange(0, BX, layout=gl.SliceLayout(0, blk))
-    ptr = x + ((bos + rows[:, None]) * n_heads + head) * D + cols[None, :]
-    return gl.load(ptr, mask=rows[:, None] < T, other=0.0)
-
 
 @gluon.jit
 def store_tile(y, val, T, bos, head, n_heads: gl.constexpr, D: gl.constexpr, i_tc0, col0,
@@ -230,14 +254,7 @@ def store_tile(y, val, T, bos, head, n_heads: gl.constexpr, D: gl.constexpr, i_t
     rows = i_tc0 + gl.arange(0, BT, layout=gl.SliceLayout(1, blk))
     cols = col0 + gl.arange(0, BX, layout=gl.SliceLayout(0, blk))
     ptr = y + ((bos + rows[:, None]) * n_heads + head) * D + cols[None, :]
-    gl.store(ptr, gl.convert_layout(val, blk).to(gl.bfloat16), mask=rows[:, None] < T)
-
-
-@gluon.jit
-def times_A(a_op, x, scale, mma: gl.constexpr, opB: gl.constexpr, BX: gl.constexpr):
-    xb = (x.to(gl.float32) * scale[:, None]).to(gl.bfloat16)
-    acc = gl.zeros([BT, BX], gl.float32, mma)
-    return mma_v2(a_op, gl.convert_layout(xb, opB), acc)
+    gl.store(ptr, gl.convert_layout(val, blk), mask=rows[:, None] < T)
 
 
 @gluon.jit
@@ -255,21 +272,35 @@ def issue_kv(k_desc, v_desc, bar, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: 
 
 
 @gluon.jit
-def wu_partition(k_desc, v_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring, kv_ready,
-                 T, n_tasks, NTC, S: gl.constexpr, S2: gl.constexpr, H: gl.constexpr,
+def load_gates(g, beta, t, T, NTC, H: gl.constexpr, layout: gl.constexpr, valid):
+    """``beta`` and ``beta exp(g)`` of task ``t``'s 64 rows (zeros past ``T``
+    or where not ``valid``), as ``[64]`` vectors in ``layout``."""
+    i_h = t % H
+    i_tc0 = ((t // H) % NTC) * BT
+    bos = (t // (H * NTC)).to(gl.int64) * T
+    o = gl.arange(0, BT, layout=layout)
+    m = (i_tc0 + o < T) & valid
+    b_beta = gl.load(beta + (bos + i_tc0 + o) * H + i_h, mask=m, other=0.0)
+    b_g = gl.load(g + (bos + i_tc0 + o) * H + i_h, mask=m, other=0.0)
+    return b_beta, b_beta * gl.exp(b_g)
+
+
+@gluon.jit
+def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring,
+                 kv_ready, T, n_tasks, NTC, G: gl.constexpr, S2: gl.constexpr, H: gl.constexpr,
                  Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr, MODE: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, 8])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     opB: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rowL: gl.constexpr = gl.SliceLayout(1, blk)
     BX: gl.constexpr = 64
     gl.static_assert((K == 128) & (V == 128))
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     n_local = gl.cdiv(n_tasks - pid, nprog)
-    o_r = gl.arange(0, BT, layout=rowL)
+    colL: gl.constexpr = gl.SliceLayout(0, opA)
+    b_beta, b_ks = load_gates(g, beta, pid, T, NTC, H, colL, n_local > 0)
     if MODE != 1:
         for p in gl.static_range(S2 - 1):
             if p < n_local:
@@ -277,13 +308,15 @@ def wu_partition(k_desc, v_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_
                          pid + p * nprog, T, NTC, H, Hg, K, V)
     for j in range(0, n_local):
         t = pid + j * nprog
-        s = j % S
+        s = j % (4 * G)  # A slot; the builders fill them in groups of four (barrier gs)
+        gs = (j // 4) % G
         if MODE == 1:  # ablation: builders alone
-            mbarrier.wait(ready.index(s), (j // S) & 1)
-            mbarrier.arrive(empty.index(s))
+            mbarrier.wait(ready.index(gs), ((j // 4) // G) & 1)
+            mbarrier.arrive(empty.index(gs), pred=(j % 4 == 3))
         else:
             jn = j + S2 - 1
-            if jn < n_local:  # refill the slot read in iteration j - 1
+            if jn < n_local:  # refill the slot of iteration j - 1 once its TMA stores have read it
+                tma.store_wait(0)
                 fence_async_shared()
                 issue_kv(k_desc, v_desc, kv_ready.index(jn % S2), k_ring.index(jn % S2),
                          v_ring.index(jn % S2), pid + jn * nprog, T, NTC, H, Hg, K, V)
@@ -292,75 +325,98 @@ def wu_partition(k_desc, v_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_
             i_b = t // (H * NTC)
             bos = i_b.to(gl.int64) * T
             i_tc0 = i_t * BT
-            m_r = i_tc0 + o_r < T
-            b_beta = gl.load(beta + (bos + i_tc0 + o_r) * H + i_h, mask=m_r, other=0.0)
-            b_g = gl.load(g + (bos + i_tc0 + o_r) * H + i_h, mask=m_r, other=0.0)
+            nxt_beta, nxt_ks = load_gates(g, beta, t + nprog, T, NTC, H, colL, j + 1 < n_local)
             s2 = j % S2
-            mbarrier.wait(kv_ready.index(s2), (j // S2) & 1)
-            v0 = v_ring.index(s2).slice(0, BX, 1).load(blk)
-            v1 = v_ring.index(s2).slice(BX, BX, 1).load(blk)
-            k0 = k_ring.index(s2).slice(0, BX, 1).load(blk)
-            k1 = k_ring.index(s2).slice(BX, BX, 1).load(blk)
-            mbarrier.wait(ready.index(s), (j // S) & 1)
-            a_op = a_ring.index(s).load(opA)
+            mbarrier.wait(ready.index(gs), ((j // 4) // G) & 1)
+            a_op = a_ring.index(s).load(opA).to(gl.float32)
             gl.thread_barrier()
-            mbarrier.arrive(empty.index(s))
-            b_ks = b_beta * gl.exp(b_g)
-            store_tile(u, times_A(a_op, v0, b_beta, mma, opB, BX), T, bos, i_h, H, V, i_tc0, 0, BX, blk)
-            store_tile(u, times_A(a_op, v1, b_beta, mma, opB, BX), T, bos, i_h, H, V, i_tc0, BX, BX, blk)
-            store_tile(w, times_A(a_op, k0, b_ks, mma, opB, BX), T, bos, i_h, H, K, i_tc0, 0, BX, blk)
-            store_tile(w, times_A(a_op, k1, b_ks, mma, opB, BX), T, bos, i_h, H, K, i_tc0, BX, BX, blk)
+            mbarrier.arrive(empty.index(gs), pred=(j % 4 == 3))
+            # beta (and beta exp(g)) folded into A's columns: the v and k tiles
+            # go from shared memory to the dot as loaded
+            a_u = (a_op * b_beta[None, :]).to(gl.bfloat16)
+            a_w = (a_op * b_ks[None, :]).to(gl.bfloat16)
+            mbarrier.wait(kv_ready.index(s2), (j // S2) & 1)
+            v0s = v_ring.index(s2).slice(0, BX, 1)
+            v1s = v_ring.index(s2).slice(BX, BX, 1)
+            k0s = k_ring.index(s2).slice(0, BX, 1)
+            k1s = k_ring.index(s2).slice(BX, BX, 1)
+            zero = gl.zeros([BT, BX], gl.float32, mma)
+            u0 = mma_v2(a_u, v0s.load(opB), zero).to(gl.bfloat16)
+            u1 = mma_v2(a_u, v1s.load(opB), zero).to(gl.bfloat16)
+            w0 = mma_v2(a_w, k0s.load(opB), zero).to(gl.bfloat16)
+            w1 = mma_v2(a_w, k1s.load(opB), zero).to(gl.bfloat16)
+            if i_tc0 + BT <= T:
+                # whole chunk: the results into the slot just read, then TMA stores
+                gl.thread_barrier()
+                v0s.store(u0)
+                v1s.store(u1)
+                k0s.store(w0)
+                k1s.store(w1)
+                fence_async_shared()
+                gl.thread_barrier()
+                row = (bos + i_tc0).to(gl.int32)
+                tma.async_copy_shared_to_global(u_desc, [row, i_h * V], v0s)
+                tma.async_copy_shared_to_global(u_desc, [row, i_h * V + BX], v1s)
+                tma.async_copy_shared_to_global(w_desc, [row, i_h * K], k0s)
+                tma.async_copy_shared_to_global(w_desc, [row, i_h * K + BX], k1s)
+            else:  # the sequence's last, partial chunk: masked stores
+                store_tile(u, u0, T, bos, i_h, H, V, i_tc0, 0, BX, blk)
+                store_tile(u, u1, T, bos, i_h, H, V, i_tc0, BX, BX, blk)
+                store_tile(w, w0, T, bos, i_h, H, K, i_tc0, 0, BX, blk)
+                store_tile(w, w1, T, bos, i_h, H, K, i_tc0, BX, BX, blk)
+                gl.thread_barrier()  # every warp is done with the k/v slot before it is refilled
+            b_beta = nxt_beta
+            b_ks = nxt_ks
+    tma.store_wait(0)
 
 
 # ---------------------------------------------------------------- kernel
 
 @gluon.jit
-def gdn_fwd_intra_ws_kernel(k, k_desc, v_desc, g, beta, T, n_tasks, NTC, w, u, A,
+def gdn_fwd_intra_ws_kernel(k, k_desc, v_desc, w_desc, u_desc, g, beta, T, n_tasks, NTC, w, u, A,
                             H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                            BK: gl.constexpr, NB: gl.constexpr, S: gl.constexpr,
-                            S2: gl.constexpr, BUILDER_REGS: gl.constexpr, MODE: gl.constexpr):
-    gl.static_assert(NB == 4)
-    ring_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    a_ring = gl.allocate_shared_memory(gl.bfloat16, [S, BT, BT], ring_layout)
+                            BK: gl.constexpr, G: gl.constexpr, S2: gl.constexpr,
+                            BUILDER_REGS: gl.constexpr, MODE: gl.constexpr):
+    a_ring = gl.allocate_shared_memory(gl.bfloat16, [4 * G, BT, BT],
+                                       gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    kb = gl.allocate_shared_memory(gl.bfloat16, [4, BT, K], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
     k_ring = gl.allocate_shared_memory(gl.bfloat16, [S2, BT, K], k_desc.layout)
     v_ring = gl.allocate_shared_memory(gl.bfloat16, [S2, BT, V], v_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [G, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [G, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [S2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(S):
+    for i in gl.static_range(G):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(S2):
         mbarrier.init(kv_ready.index(i), count=1)
     gl.warp_specialize([
-        (wu_partition, (k_desc, v_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring, kv_ready,
-                        T, n_tasks, NTC, S, S2, H, Hg, K, V, MODE)),
-        (builder_partition, (k, g, beta, A, a_ring, ready, empty, T, n_tasks, NTC, 0, NB, S, H, Hg, K, BK, MODE)),
-        (builder_partition, (k, g, beta, A, a_ring, ready, empty, T, n_tasks, NTC, 1, NB, S, H, Hg, K, BK, MODE)),
-        (builder_partition, (k, g, beta, A, a_ring, ready, empty, T, n_tasks, NTC, 2, NB, S, H, Hg, K, BK, MODE)),
-        (builder_partition, (k, g, beta, A, a_ring, ready, empty, T, n_tasks, NTC, 3, NB, S, H, Hg, K, BK, MODE)),
-    ], [1, 1, 1, 1], [BUILDER_REGS] * 4)
+        (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring, kv_ready,
+                        T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE)),
+        (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, G, H, Hg, K, BK,
+                             MODE)),
+    ], [4], [BUILDER_REGS])
 
 
 # ---------------------------------------------------------------- host side (torch)
 
 CONFIGS = {
-    # name: (S A-ring slots, S2 k/v-ring slots, BK, builder registers, maxnreg, MODE)
+    # name: (G groups of four A slots, S2 k/v-ring slots, BK, builder registers, maxnreg, MODE)
     # MODE 1: the builders alone (w/u partition only waits), 2: the w/u partition alone
-    "s8_kv3_bk32": (8, 3, 32, 240, 248, 0),
-    "s8_kv3_bk16": (8, 3, 16, 232, 248, 0),
-    "s8_kv2_bk32": (8, 2, 32, 240, 248, 0),
-    "s8_kv3_bk32_builders_only": (8, 3, 32, 240, 248, 1),
-    "s8_kv3_bk32_wu_only": (8, 3, 32, 240, 248, 2),
+    "g2_kv2_bk32": (2, 2, 32, 240, 248, 0),
+    "g1_kv3_bk32": (1, 3, 32, 240, 248, 0),
+    "g2_kv2_bk32_builders_only": (2, 2, 32, 240, 248, 1),
+    "g2_kv2_bk32_wu_only": (2, 2, 32, 240, 248, 2),
+    "g1_kv3_bk32_wu_only": (1, 3, 32, 240, 248, 2),
 }
 
 
-def ws_forward(k, v, g, beta, config="s8_kv3_bk32"):
+def ws_forward(k, v, g, beta, config="g2_kv2_bk32"):
     """``(w, u, A)`` of fixed-length bf16 inputs by the warp-specialized kernel."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    S, S2, BK, regs, maxnreg, mode = CONFIGS[config]
+    G, S2, BK, regs, maxnreg, mode = CONFIGS[config]
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     NTC = triton.cdiv(T, 64)
@@ -372,9 +428,12 @@ def ws_forward(k, v, g, beta, config="s8_kv3_bk32"):
     layout = gl.NVMMASharedLayout.get_default_for([64, K], gl.bfloat16)
     k_desc = TensorDescriptor.from_tensor(k.view(B * T, Hg * K), [64, K], layout)
     v_desc = TensorDescriptor.from_tensor(v.view(B * T, H * V), [64, V], layout)
+    half = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    w_desc = TensorDescriptor.from_tensor(w.view(B * T, H * K), [64, 64], half)
+    u_desc = TensorDescriptor.from_tensor(u.view(B * T, H * V), [64, 64], half)
     gdn_fwd_intra_ws_kernel[(min(n_tasks, n_sm), )](
-        k, k_desc, v_desc, g, beta, T, n_tasks, NTC, w, u, A, H=H, Hg=Hg, K=K, V=V, BK=BK, NB=4,
-        S=S, S2=S2, BUILDER_REGS=regs, MODE=mode, num_warps=4, maxnreg=maxnreg)
+        k, k_desc, v_desc, w_desc, u_desc, g, beta, T, n_tasks, NTC, w, u, A, H=H, Hg=Hg, K=K, V=V, BK=BK, G=G,
+        S2=S2, BUILDER_REGS=regs, MODE=mode, num_warps=4, maxnreg=maxnreg)
     return w, u, A
 
 
@@ -392,6 +451,7 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--deadline", type=float, default=120.0, help="seconds per step before exit")
+    ap.add_argument("--profile", help="run CONFIG three times at the headline shape (under ncu) and exit")
     args = ap.parse_args()
     results = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "steps": []}
     out = os.path.join(args.out, "gluon_ws_probe.json")
@@ -439,6 +499,12 @@ def main():
         return {name: float((a.float() - b.float()).abs().max() / b.float().abs().max())
                 for name, a, b in zip("wuA", got, ref)}
 
+    if args.profile:
+        k, v, g, beta = inputs(8, 4096, 16, 32, 128, 128)
+        for _ in range(3):
+            ws_forward(k, v, g, beta, args.profile)
+        torch.cuda.synchronize()
+        return 0
     configs = args.configs.split(",")
     small = (2, 1000, 2, 4, 128, 128)
     headline = (8, 4096, 16, 32, 128, 128)
