@@ -272,22 +272,27 @@ def issue_kv(k_desc, v_desc, bar, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: 
 
 
 @gluon.jit
-def load_gates(g, beta, t, T, NTC, H: gl.constexpr, layout: gl.constexpr, valid):
-    """``beta`` and ``beta exp(g)`` of task ``t``'s 64 rows (zeros past ``T``
-    or where not ``valid``), as ``[64]`` vectors in ``layout``."""
+def copy_gates(g, beta, b_buf, g_buf, t, T, NTC, H: gl.constexpr, valid):
+    """cp.async of task ``t``'s 64 ``beta`` and ``g`` values into ``b_buf``,
+    ``g_buf`` (``[64]`` float32 each; zeros past ``T`` or where not
+    ``valid``). Loaded one task ahead: as register loads (32 scattered loads a
+    thread, in the dot operand's slice layout) their latency showed up as
+    long-scoreboard stalls, and a fence (MEMBAR.ALL.CTA) waits for them."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     i_h = t % H
     i_tc0 = ((t // H) % NTC) * BT
     bos = (t // (H * NTC)).to(gl.int64) * T
-    o = gl.arange(0, BT, layout=layout)
+    o = gl.arange(0, BT, layout=lay)
+    off = (bos + i_tc0 + o) * H + i_h
     m = (i_tc0 + o < T) & valid
-    b_beta = gl.load(beta + (bos + i_tc0 + o) * H + i_h, mask=m, other=0.0)
-    b_g = gl.load(g + (bos + i_tc0 + o) * H + i_h, mask=m, other=0.0)
-    return b_beta, b_beta * gl.exp(b_g)
+    async_copy.async_copy_global_to_shared(b_buf, beta + off, mask=m)
+    async_copy.async_copy_global_to_shared(g_buf, g + off, mask=m)
+    async_copy.commit_group()
 
 
 @gluon.jit
 def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring,
-                 kv_ready, T, n_tasks, NTC, G: gl.constexpr, S2: gl.constexpr, H: gl.constexpr,
+                 kv_ready, betas, gs_, T, n_tasks, NTC, G: gl.constexpr, S2: gl.constexpr, H: gl.constexpr,
                  Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr, MODE: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, 8])
@@ -300,7 +305,7 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
     nprog = gl.num_programs(0)
     n_local = gl.cdiv(n_tasks - pid, nprog)
     colL: gl.constexpr = gl.SliceLayout(0, opA)
-    b_beta, b_ks = load_gates(g, beta, pid, T, NTC, H, colL, n_local > 0)
+    copy_gates(g, beta, betas.index(0), gs_.index(0), pid, T, NTC, H, n_local > 0)
     if MODE != 1:
         for p in gl.static_range(S2 - 1):
             if p < n_local:
@@ -315,9 +320,12 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
             mbarrier.arrive(empty.index(gs), pred=(j % 4 == 3))
         else:
             jn = j + S2 - 1
-            if jn < n_local:  # refill the slot of iteration j - 1 once its TMA stores have read it
+            if jn < n_local:
+                # refill the slot of iteration j - 1 once its TMA stores have read
+                # it (its generic accesses were fenced before those stores, or
+                # after the masked stores of a partial chunk): no fence here, as
+                # a fence (MEMBAR.ALL.CTA) also waits for the gates' loads in flight
                 tma.store_wait(0)
-                fence_async_shared()
                 issue_kv(k_desc, v_desc, kv_ready.index(jn % S2), k_ring.index(jn % S2),
                          v_ring.index(jn % S2), pid + jn * nprog, T, NTC, H, Hg, K, V)
             i_h = t % H
@@ -325,16 +333,18 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
             i_b = t // (H * NTC)
             bos = i_b.to(gl.int64) * T
             i_tc0 = i_t * BT
-            nxt_beta, nxt_ks = load_gates(g, beta, t + nprog, T, NTC, H, colL, j + 1 < n_local)
             s2 = j % S2
             mbarrier.wait(ready.index(gs), ((j // 4) // G) & 1)
             a_op = a_ring.index(s).load(opA).to(gl.float32)
+            async_copy.wait_group(0)
             gl.thread_barrier()
             mbarrier.arrive(empty.index(gs), pred=(j % 4 == 3))
+            b_beta = betas.index(j % 2).load(colL)
+            b_g = gs_.index(j % 2).load(colL)
             # beta (and beta exp(g)) folded into A's columns: the v and k tiles
             # go from shared memory to the dot as loaded
             a_u = (a_op * b_beta[None, :]).to(gl.bfloat16)
-            a_w = (a_op * b_ks[None, :]).to(gl.bfloat16)
+            a_w = (a_op * (b_beta * gl.exp(b_g))[None, :]).to(gl.bfloat16)
             mbarrier.wait(kv_ready.index(s2), (j // S2) & 1)
             v0s = v_ring.index(s2).slice(0, BX, 1)
             v1s = v_ring.index(s2).slice(BX, BX, 1)
@@ -365,8 +375,10 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
                 store_tile(w, w0, T, bos, i_h, H, K, i_tc0, 0, BX, blk)
                 store_tile(w, w1, T, bos, i_h, H, K, i_tc0, BX, BX, blk)
                 gl.thread_barrier()  # every warp is done with the k/v slot before it is refilled
-            b_beta = nxt_beta
-            b_ks = nxt_ks
+                fence_async_shared()
+            # the next task's gates (its slot was read in iteration j - 1)
+            copy_gates(g, beta, betas.index((j + 1) % 2), gs_.index((j + 1) % 2), t + nprog, T, NTC, H,
+                       j + 1 < n_local)
     tma.store_wait(0)
 
 
@@ -385,13 +397,15 @@ def gdn_fwd_intra_ws_kernel(k, k_desc, v_desc, w_desc, u_desc, g, beta, T, n_tas
     ready = gl.allocate_shared_memory(gl.int64, [G, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [G, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [S2, 1], mbarrier.MBarrierLayout())
+    betas = gl.allocate_shared_memory(gl.float32, [2, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    gs_ = gl.allocate_shared_memory(gl.float32, [2, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     for i in gl.static_range(G):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(S2):
         mbarrier.init(kv_ready.index(i), count=1)
     gl.warp_specialize([
-        (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring, kv_ready,
+        (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring, kv_ready, betas, gs_,
                         T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE)),
         (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, G, H, Hg, K, BK,
                              MODE)),
