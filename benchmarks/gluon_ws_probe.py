@@ -35,7 +35,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 BT = gl.constexpr(64)
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -91,10 +92,11 @@ def load_vec(x, rows0, i_h, T, valid, blk: gl.constexpr, H: gl.constexpr, layout
 
 
 @gluon.jit
-def issue_k(k, kb, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.constexpr,
-            K: gl.constexpr, ld: gl.constexpr):
-    """cp.async of the ``[64, K]`` key tiles of group ``q``'s four tasks into
-    ``kb`` (``[4, 64, K]``; rows past ``T`` and missing tasks as zeros)."""
+def issue_k(k, kb, q, col0, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.constexpr,
+            K: gl.constexpr, KH: gl.constexpr, ld: gl.constexpr):
+    """cp.async of columns ``col0 .. col0 + KH`` of the ``[64, K]`` key tiles
+    of group ``q``'s four tasks into ``kb`` (``[4, 64, KH]``; rows past ``T``
+    and missing tasks as zeros)."""
     wl: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, ld))
     j = 4 * q + gl.arange(0, 4, layout=wl)
     t = pid + j * nprog
@@ -102,7 +104,7 @@ def issue_k(k, kb, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.const
     row0 = (t // (H * NTC)).to(gl.int64) * T + ((t // H) % NTC) * BT
     n = gl.minimum(T - ((t // H) % NTC) * BT, BT)
     o1 = gl.arange(0, BT, layout=gl.SliceLayout(0, gl.SliceLayout(2, ld)))
-    o2 = gl.arange(0, K, layout=gl.SliceLayout(0, gl.SliceLayout(1, ld)))
+    o2 = col0 + gl.arange(0, KH, layout=gl.SliceLayout(0, gl.SliceLayout(1, ld)))
     ptr = k + ((row0[:, None, None] + o1[None, :, None]) * Hg + (i_h // (H // Hg))[:, None, None]) * K \
         + o2[None, None, :]
     m = (o1[None, :, None] < n[:, None, None]) & (j < n_local)[:, None, None]
@@ -124,7 +126,7 @@ def store_block(A, slot, rows0, i_h, T, valid, rb: gl.constexpr, cb: gl.constexp
 @gluon.jit
 def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
                       G: gl.constexpr, H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr,
-                      BK: gl.constexpr, MODE: gl.constexpr):
+                      BK: gl.constexpr, MODE: gl.constexpr, KH: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
                                                   instr_shape=[1, 16, 8])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
@@ -140,7 +142,7 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
     n_local = gl.cdiv(n_tasks - pid, nprog)
     n_groups = gl.cdiv(n_local, 4)
     if MODE != 2:
-        issue_k(k, kb, 0, pid, nprog, n_local, T, NTC, H, Hg, K, ld)
+        issue_k(k, kb, 0, 0, pid, nprog, n_local, T, NTC, H, Hg, K, KH, ld)
     for q in range(0, n_groups):
         gs = q % G
         if MODE == 2:  # ablation: the w/u partition alone (A slots as they are)
@@ -178,33 +180,38 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
             A31 = gl.zeros([4, 16, 16], gl.float32, mma)
             A32 = gl.zeros([4, 16, 16], gl.float32, mma)
             A33 = gl.zeros([4, 16, 16], gl.float32, mma)
-            async_copy.wait_group(0)
-            gl.thread_barrier()
-            for i_k in gl.static_range(K // BK):
-                s0 = kb.slice(0, 16, 1).slice(i_k * BK, BK, 2)
-                s1 = kb.slice(16, 16, 1).slice(i_k * BK, BK, 2)
-                s2 = kb.slice(32, 16, 1).slice(i_k * BK, BK, 2)
-                s3 = kb.slice(48, 16, 1).slice(i_k * BK, BK, 2)
-                a0 = s0.load(opA)
-                a1 = s1.load(opA)
-                a2 = s2.load(opA)
-                a3 = s3.load(opA)
-                t0 = s0.permute([0, 2, 1]).load(opB)
-                t1 = s1.permute([0, 2, 1]).load(opB)
-                t2 = s2.permute([0, 2, 1]).load(opB)
-                A00 = mma_v2(a0, t0, A00)
-                A10 = mma_v2(a1, t0, A10)
-                A11 = mma_v2(a1, t1, A11)
-                A20 = mma_v2(a2, t0, A20)
-                A21 = mma_v2(a2, t1, A21)
-                A22 = mma_v2(a2, t2, A22)
-                A30 = mma_v2(a3, t0, A30)
-                A31 = mma_v2(a3, t1, A31)
-                A32 = mma_v2(a3, t2, A32)
-                A33 = mma_v2(a3, s3.permute([0, 2, 1]).load(opB), A33)
-            gl.thread_barrier()
-            if q + 1 < n_groups:  # the next group's key tiles while this group's A is built
-                issue_k(k, kb, q + 1, pid, nprog, n_local, T, NTC, H, Hg, K, ld)
+            # K in pieces of KH columns (KH < K: a smaller buffer, the later pieces' loads
+            # not hidden)
+            for half in gl.static_range(K // KH):
+                async_copy.wait_group(0)
+                gl.thread_barrier()
+                for i_k in gl.static_range(KH // BK):
+                    s0 = kb.slice(0, 16, 1).slice(i_k * BK, BK, 2)
+                    s1 = kb.slice(16, 16, 1).slice(i_k * BK, BK, 2)
+                    s2 = kb.slice(32, 16, 1).slice(i_k * BK, BK, 2)
+                    s3 = kb.slice(48, 16, 1).slice(i_k * BK, BK, 2)
+                    a0 = s0.load(opA)
+                    a1 = s1.load(opA)
+                    a2 = s2.load(opA)
+                    a3 = s3.load(opA)
+                    t0 = s0.permute([0, 2, 1]).load(opB)
+                    t1 = s1.permute([0, 2, 1]).load(opB)
+                    t2 = s2.permute([0, 2, 1]).load(opB)
+                    A00 = mma_v2(a0, t0, A00)
+                    A10 = mma_v2(a1, t0, A10)
+                    A11 = mma_v2(a1, t1, A11)
+                    A20 = mma_v2(a2, t0, A20)
+                    A21 = mma_v2(a2, t1, A21)
+                    A22 = mma_v2(a2, t2, A22)
+                    A30 = mma_v2(a3, t0, A30)
+                    A31 = mma_v2(a3, t1, A31)
+                    A32 = mma_v2(a3, t2, A32)
+                    A33 = mma_v2(a3, s3.permute([0, 2, 1]).load(opB), A33)
+                gl.thread_barrier()
+                if half + 1 < K // KH:
+                    issue_k(k, kb, q, (half + 1) * KH, pid, nprog, n_local, T, NTC, H, Hg, K, KH, ld)
+                elif q + 1 < n_groups:  # the next group's key tiles while this group's A is built
+                    issue_k(k, kb, q + 1, 0, pid, nprog, n_local, T, NTC, H, Hg, K, KH, ld)
 
             mbarrier.wait(empty.index(gs), ((q // G) & 1) ^ 1)
             # the group's four consecutive [64, 64] slots as one [4, 64, 64] view
@@ -250,11 +257,14 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
 
 @gluon.jit
 def store_tile(y, val, T, bos, head, n_heads: gl.constexpr, D: gl.constexpr, i_tc0, col0,
-               BX: gl.constexpr, blk: gl.constexpr):
-    rows = i_tc0 + gl.arange(0, BT, layout=gl.SliceLayout(1, blk))
-    cols = col0 + gl.arange(0, BX, layout=gl.SliceLayout(0, blk))
+               BX: gl.constexpr):
+    """Masked store of a ``[64, BX]`` result tile (rows < ``T``) from its own
+    layout (a conversion would take ~8 KB of shared memory per consumer)."""
+    lay: gl.constexpr = val.type.layout
+    rows = i_tc0 + gl.arange(0, BT, layout=gl.SliceLayout(1, lay))
+    cols = col0 + gl.arange(0, BX, layout=gl.SliceLayout(0, lay))
     ptr = y + ((bos + rows[:, None]) * n_heads + head) * D + cols[None, :]
-    gl.store(ptr, gl.convert_layout(val, blk), mask=rows[:, None] < T)
+    gl.store(ptr, val, mask=rows[:, None] < T)
 
 
 @gluon.jit
@@ -293,9 +303,16 @@ def copy_gates(g, beta, b_buf, g_buf, t, T, NTC, H: gl.constexpr, valid):
 @gluon.jit
 def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring,
                  kv_ready, betas, gs_, T, n_tasks, NTC, G: gl.constexpr, S2: gl.constexpr, H: gl.constexpr,
-                 Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr, MODE: gl.constexpr):
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, 8])
+                 Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr, MODE: gl.constexpr,
+                 CID: gl.constexpr, NC: gl.constexpr, WGMMA: gl.constexpr):
+    """w/u consumer ``CID`` of ``NC``: the CTA's tasks ``j = CID, CID + NC, ...``,
+    with its own ``S2`` k/v ring slots and gates buffers."""
+    if WGMMA:  # Hopper warpgroup MMA: B straight from the swizzled tiles, one instruction per 64x64x16
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, 64, 16])
+    else:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, 8])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     opB: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -305,56 +322,75 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
     nprog = gl.num_programs(0)
     n_local = gl.cdiv(n_tasks - pid, nprog)
     colL: gl.constexpr = gl.SliceLayout(0, opA)
-    copy_gates(g, beta, betas.index(0), gs_.index(0), pid, T, NTC, H, n_local > 0)
+    copy_gates(g, beta, betas.index(2 * CID), gs_.index(2 * CID), pid + CID * nprog, T, NTC, H,
+               CID < n_local)
     if MODE != 1:
         for p in gl.static_range(S2 - 1):
-            if p < n_local:
-                issue_kv(k_desc, v_desc, kv_ready.index(p), k_ring.index(p), v_ring.index(p),
-                         pid + p * nprog, T, NTC, H, Hg, K, V)
-    for j in range(0, n_local):
+            if CID + p * NC < n_local:
+                issue_kv(k_desc, v_desc, kv_ready.index(CID * S2 + p), k_ring.index(CID * S2 + p),
+                         v_ring.index(CID * S2 + p), pid + (CID + p * NC) * nprog, T, NTC, H, Hg, K, V)
+    for j in range(CID, n_local, NC):
+        i = (j - CID) // NC  # this consumer's iteration count
         t = pid + j * nprog
         s = j % (4 * G)  # A slot; the builders fill them in groups of four (barrier gs)
         gs = (j // 4) % G
         if MODE == 1:  # ablation: builders alone
             mbarrier.wait(ready.index(gs), ((j // 4) // G) & 1)
-            mbarrier.arrive(empty.index(gs), pred=(j % 4 == 3))
+            mbarrier.arrive(empty.index(gs), pred=(j % 4 == CID + 4 - NC))
         else:
-            jn = j + S2 - 1
+            jn = j + (S2 - 1) * NC
             if jn < n_local:
                 # refill the slot of iteration j - 1 once its TMA stores have read
                 # it (its generic accesses were fenced before those stores, or
                 # after the masked stores of a partial chunk): no fence here, as
                 # a fence (MEMBAR.ALL.CTA) also waits for the gates' loads in flight
                 tma.store_wait(0)
-                issue_kv(k_desc, v_desc, kv_ready.index(jn % S2), k_ring.index(jn % S2),
-                         v_ring.index(jn % S2), pid + jn * nprog, T, NTC, H, Hg, K, V)
+                sn = CID * S2 + (i + S2 - 1) % S2
+                issue_kv(k_desc, v_desc, kv_ready.index(sn), k_ring.index(sn), v_ring.index(sn),
+                         pid + jn * nprog, T, NTC, H, Hg, K, V)
             i_h = t % H
             i_t = (t // H) % NTC
             i_b = t // (H * NTC)
             bos = i_b.to(gl.int64) * T
             i_tc0 = i_t * BT
-            s2 = j % S2
+            s2 = CID * S2 + i % S2
             mbarrier.wait(ready.index(gs), ((j // 4) // G) & 1)
             a_op = a_ring.index(s).load(opA).to(gl.float32)
             async_copy.wait_group(0)
             gl.thread_barrier()
-            mbarrier.arrive(empty.index(gs), pred=(j % 4 == 3))
-            b_beta = betas.index(j % 2).load(colL)
-            b_g = gs_.index(j % 2).load(colL)
+            mbarrier.arrive(empty.index(gs), pred=(j % 4 == CID + 4 - NC))
+            b_beta = betas.index(2 * CID + i % 2).load(colL)
+            b_g = gs_.index(2 * CID + i % 2).load(colL)
             # beta (and beta exp(g)) folded into A's columns: the v and k tiles
             # go from shared memory to the dot as loaded
             a_u = (a_op * b_beta[None, :]).to(gl.bfloat16)
             a_w = (a_op * (b_beta * gl.exp(b_g))[None, :]).to(gl.bfloat16)
-            mbarrier.wait(kv_ready.index(s2), (j // S2) & 1)
+            mbarrier.wait(kv_ready.index(s2), (i // S2) & 1)
             v0s = v_ring.index(s2).slice(0, BX, 1)
             v1s = v_ring.index(s2).slice(BX, BX, 1)
             k0s = k_ring.index(s2).slice(0, BX, 1)
             k1s = k_ring.index(s2).slice(BX, BX, 1)
             zero = gl.zeros([BT, BX], gl.float32, mma)
-            u0 = mma_v2(a_u, v0s.load(opB), zero).to(gl.bfloat16)
-            u1 = mma_v2(a_u, v1s.load(opB), zero).to(gl.bfloat16)
-            w0 = mma_v2(a_w, k0s.load(opB), zero).to(gl.bfloat16)
-            w1 = mma_v2(a_w, k1s.load(opB), zero).to(gl.bfloat16)
+            if WGMMA == 2:  # the four products in flight together
+                c_u0 = warpgroup_mma(a_u, v0s, zero, use_acc=False, is_async=True)
+                c_u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False, is_async=True)
+                c_w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False, is_async=True)
+                c_w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False, is_async=True)
+                u0, u1, w0, w1, a_u, a_w = warpgroup_mma_wait(0, deps=[c_u0, c_u1, c_w0, c_w1, a_u, a_w])
+                u0 = u0.to(gl.bfloat16)
+                u1 = u1.to(gl.bfloat16)
+                w0 = w0.to(gl.bfloat16)
+                w1 = w1.to(gl.bfloat16)
+            elif WGMMA:
+                u0 = warpgroup_mma(a_u, v0s, zero, use_acc=False).to(gl.bfloat16)
+                u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False).to(gl.bfloat16)
+                w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False).to(gl.bfloat16)
+                w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False).to(gl.bfloat16)
+            else:
+                u0 = mma_v2(a_u, v0s.load(opB), zero).to(gl.bfloat16)
+                u1 = mma_v2(a_u, v1s.load(opB), zero).to(gl.bfloat16)
+                w0 = mma_v2(a_w, k0s.load(opB), zero).to(gl.bfloat16)
+                w1 = mma_v2(a_w, k1s.load(opB), zero).to(gl.bfloat16)
             if i_tc0 + BT <= T:
                 # whole chunk: the results into the slot just read, then TMA stores
                 gl.thread_barrier()
@@ -370,15 +406,15 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
                 tma.async_copy_shared_to_global(w_desc, [row, i_h * K], k0s)
                 tma.async_copy_shared_to_global(w_desc, [row, i_h * K + BX], k1s)
             else:  # the sequence's last, partial chunk: masked stores
-                store_tile(u, u0, T, bos, i_h, H, V, i_tc0, 0, BX, blk)
-                store_tile(u, u1, T, bos, i_h, H, V, i_tc0, BX, BX, blk)
-                store_tile(w, w0, T, bos, i_h, H, K, i_tc0, 0, BX, blk)
-                store_tile(w, w1, T, bos, i_h, H, K, i_tc0, BX, BX, blk)
+                store_tile(u, u0, T, bos, i_h, H, V, i_tc0, 0, BX)
+                store_tile(u, u1, T, bos, i_h, H, V, i_tc0, BX, BX)
+                store_tile(w, w0, T, bos, i_h, H, K, i_tc0, 0, BX)
+                store_tile(w, w1, T, bos, i_h, H, K, i_tc0, BX, BX)
                 gl.thread_barrier()  # every warp is done with the k/v slot before it is refilled
                 fence_async_shared()
             # the next task's gates (its slot was read in iteration j - 1)
-            copy_gates(g, beta, betas.index((j + 1) % 2), gs_.index((j + 1) % 2), t + nprog, T, NTC, H,
-                       j + 1 < n_local)
+            copy_gates(g, beta, betas.index(2 * CID + (i + 1) % 2), gs_.index(2 * CID + (i + 1) % 2),
+                       t + NC * nprog, T, NTC, H, j + NC < n_local)
     tma.store_wait(0)
 
 
@@ -388,41 +424,63 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
 def gdn_fwd_intra_ws_kernel(k, k_desc, v_desc, w_desc, u_desc, g, beta, T, n_tasks, NTC, w, u, A,
                             H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                             BK: gl.constexpr, G: gl.constexpr, S2: gl.constexpr,
-                            BUILDER_REGS: gl.constexpr, MODE: gl.constexpr):
+                            BUILDER_REGS: gl.constexpr, MODE: gl.constexpr, NC: gl.constexpr,
+                            CONSUMER_REGS: gl.constexpr, WGMMA: gl.constexpr, KH: gl.constexpr):
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [4 * G, BT, BT],
                                        gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
-    kb = gl.allocate_shared_memory(gl.bfloat16, [4, BT, K], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
-    k_ring = gl.allocate_shared_memory(gl.bfloat16, [S2, BT, K], k_desc.layout)
-    v_ring = gl.allocate_shared_memory(gl.bfloat16, [S2, BT, V], v_desc.layout)
+    kb = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KH], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
+    k_ring = gl.allocate_shared_memory(gl.bfloat16, [NC * S2, BT, K], k_desc.layout)
+    v_ring = gl.allocate_shared_memory(gl.bfloat16, [NC * S2, BT, V], v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [G, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [G, 1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [S2, 1], mbarrier.MBarrierLayout())
-    betas = gl.allocate_shared_memory(gl.float32, [2, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    gs_ = gl.allocate_shared_memory(gl.float32, [2, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    kv_ready = gl.allocate_shared_memory(gl.int64, [NC * S2, 1], mbarrier.MBarrierLayout())
+    betas = gl.allocate_shared_memory(gl.float32, [2 * NC, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    gs_ = gl.allocate_shared_memory(gl.float32, [2 * NC, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     for i in gl.static_range(G):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(S2):
+        mbarrier.init(empty.index(i), count=NC)
+    for i in gl.static_range(NC * S2):
         mbarrier.init(kv_ready.index(i), count=1)
-    gl.warp_specialize([
-        (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring, kv_ready, betas, gs_,
-                        T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE)),
-        (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, G, H, Hg, K, BK,
-                             MODE)),
-    ], [4], [BUILDER_REGS])
+    # (the argument tuples are written out in place: a tuple held in a variable or
+    # built with + loses its constexprs)
+    if NC == 1:
+        gl.warp_specialize([
+            (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring,
+                            v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE, 0, 1, WGMMA)),
+            (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, G, H, Hg, K, BK,
+                                 MODE, KH))], [4], [BUILDER_REGS])
+    else:
+        gl.warp_specialize([
+            (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring,
+                            v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE, 0, 2, WGMMA)),
+            (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, G, H, Hg, K, BK,
+                                 MODE, KH)),
+            (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring,
+                            v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE, 1, 2, WGMMA)),
+        ], [4, 4], [BUILDER_REGS, CONSUMER_REGS])
 
 
 # ---------------------------------------------------------------- host side (torch)
 
 CONFIGS = {
-    # name: (G groups of four A slots, S2 k/v-ring slots, BK, builder registers, maxnreg, MODE)
+    # name: (G groups of four A slots, S2 k/v-ring slots per consumer, BK, builder registers,
+    #        maxnreg, MODE, NC w/u consumers (4 warps each), second consumer's registers,
+    #        WGMMA (0 mma_v2, 1 warpgroup MMA, 2 the four warpgroup MMAs in flight together),
+    #        KH columns of the builders' key buffer)
     # MODE 1: the builders alone (w/u partition only waits), 2: the w/u partition alone
-    "g2_kv2_bk32": (2, 2, 32, 240, 248, 0),
-    "g1_kv3_bk32": (1, 3, 32, 240, 248, 0),
-    "g2_kv2_bk32_builders_only": (2, 2, 32, 240, 248, 1),
-    "g2_kv2_bk32_wu_only": (2, 2, 32, 240, 248, 2),
-    "g1_kv3_bk32_wu_only": (1, 3, 32, 240, 248, 2),
+    "g2_kv2_bk32": (2, 2, 32, 240, 248, 0, 1, 0, 0, 128),
+    "g2_nc2_kv1_wgmma": (2, 1, 32, 240, 168, 0, 2, 136, 1, 128),
+    "g2_nc2_kv1_wgmma_r216": (2, 1, 32, 216, 168, 0, 2, 152, 1, 128),
+    "g1_nc2_kv2_wgmma_kh64": (1, 2, 32, 240, 168, 0, 2, 136, 1, 64),
+    "g2_nc2_kv2_wgmma_kh64": (2, 2, 32, 240, 168, 0, 2, 136, 1, 64),
+    "g2_nc2_kv2_wgmma_kh64_r216": (2, 2, 32, 216, 168, 0, 2, 152, 1, 64),
+    "g2_nc2_kv2_wgmma_kh64_builders_only": (2, 2, 32, 240, 168, 1, 2, 136, 1, 64),
+    "g2_nc2_kv2_wgmma_kh64_wu_only": (2, 2, 32, 240, 168, 2, 2, 136, 1, 64),
+    "g1_nc2_kv2_wgmma": (1, 2, 32, 240, 168, 0, 2, 136, 1, 128),
+    "g1_nc2_kv2_wgmma_builders_only": (1, 2, 32, 240, 168, 1, 2, 136, 1, 128),
+    "g1_nc2_kv2_wgmma_wu_only": (1, 2, 32, 240, 168, 2, 2, 136, 1, 128),
 }
+MODE_AT = 5  # index of MODE in a config
 
 
 def ws_forward(k, v, g, beta, config="g2_kv2_bk32"):
@@ -430,7 +488,7 @@ def ws_forward(k, v, g, beta, config="g2_kv2_bk32"):
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    G, S2, BK, regs, maxnreg, mode = CONFIGS[config]
+    G, S2, BK, regs, maxnreg, mode, nc, cregs, wgmma, kh = CONFIGS[config]
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     NTC = triton.cdiv(T, 64)
@@ -447,7 +505,8 @@ def ws_forward(k, v, g, beta, config="g2_kv2_bk32"):
     u_desc = TensorDescriptor.from_tensor(u.view(B * T, H * V), [64, 64], half)
     gdn_fwd_intra_ws_kernel[(min(n_tasks, n_sm), )](
         k, k_desc, v_desc, w_desc, u_desc, g, beta, T, n_tasks, NTC, w, u, A, H=H, Hg=Hg, K=K, V=V, BK=BK, G=G,
-        S2=S2, BUILDER_REGS=regs, MODE=mode, num_warps=4, maxnreg=maxnreg)
+        S2=S2, BUILDER_REGS=regs, MODE=mode, NC=nc, CONSUMER_REGS=cregs, WGMMA=wgmma, KH=kh, num_warps=4,
+        maxnreg=maxnreg)
     return w, u, A
 
 
@@ -523,7 +582,7 @@ def main():
     small = (2, 1000, 2, 4, 128, 128)
     headline = (8, 4096, 16, 32, 128, 128)
     for c in configs:
-        if CONFIGS[c][-1] == 0:
+        if CONFIGS[c][MODE_AT] == 0:
             step(f"compare_small_{c}", lambda c=c: compare(small, c))
             step(f"compare_headline_{c}", lambda c=c: compare(headline, c))
     k, v, g, beta = inputs(*headline)
