@@ -1,29 +1,47 @@
 """Probe (GPU machine, torch launch): the one-kernel path as a warp-specialized
-Gluon kernel, fixed-length inputs, bf16.
+Gluon kernel (``triton.experimental.gluon``), fixed-length bf16 inputs, K = V = 128.
 
-    python3 benchmarks/gluon_ws_probe.py [--shape headline] [--out DIR]
+    python3 benchmarks/gluon_ws_probe.py [--out DIR] [--configs a,b] [--profile CONFIG]
 
-Why: the split path is 1.58x the floor at the headline shape. Its `A`
-kernel is latency-bound at 1 warp per program (~0.12 ms) and its w/u kernel
-bandwidth-bound (~0.28 ms); plain Triton gives one warp count per launch, so
-the two run one after the other (NOTES, sessions 8, 10, 14). Here one
-persistent CTA per SM runs both at once with `gl.warp_specialize`:
+Why: the split path is 1.58x the floor at the headline shape. Its `A` kernel
+is latency-bound at one warp per program (~0.12 ms) and its w/u kernel
+bandwidth-bound (~0.28 ms); a plain Triton launch has one warp count, so the
+two run one after the other (NOTES, sessions 8, 10, 14). Here one persistent
+CTA per SM (12 warps) runs both at once with ``gl.warp_specialize``:
 
-- NB one-warp *builder* partitions each build `A = (I + L)^-1` of every
-  NB-th task of the CTA (the split `A` kernel's math: ten 16x16 blocks of
-  `k k^T`, gates, the diagonal blocks by recursive halving, the seed's block
-  merge; plain tf32 dots, without `block_dot`'s index permutation), store it
-  to `A` in HBM and to a ring slot in shared memory, and signal `ready`;
-- the 4-warp default partition takes the CTA's tasks in order: issues its
-  `v` and `k` tile loads, waits for the task's `A` slot, frees it, and
-  stores `u = A (beta v)` and `w = A (beta exp(g) k)`.
+- one *builder* partition of 4 warps builds ``A = (I + L)^-1`` for four tasks
+  at a time, one task per warp (every tensor has a leading dimension of 4 laid
+  out on the warps; batched ``mma_v2``): the split `A` kernel's math (ten
+  16x16 blocks of ``k k^T`` from key tiles copied by cp.async, gates, the
+  diagonal blocks by recursive halving, the seed's block merge; plain tf32
+  dots, without ``block_dot``'s index permutation). It stores ``A`` to HBM,
+  then, once the consumers have freed them, to four ring slots in shared memory;
+- two *w/u* partitions of 4 warps each take alternate tasks: TMA loads of the
+  task's ``k`` and ``v`` tiles two tasks ahead, ``beta``/``g`` by cp.async one
+  task ahead, ``A`` from its slot with ``beta`` (``beta exp(g)``) folded into
+  its columns, four warpgroup MMAs, the results written over the tiles just
+  read and stored by TMA (masked register stores for a partial last chunk).
 
-`A` is not read back from HBM and `k` is read by the builder and again from L2
-by the default partition, so the kernel moves the floor's bytes (1.07 GB at
-the headline) where the split path moves 1.36 GB.
+`A` is not read back from HBM and `k` comes from L2 the second time, so the
+kernel moves the floor's bytes (1.07 GB at the headline) where the split path
+moves 1.36 GB. Folding ``beta`` into ``A`` rounds differently from the split
+path (``bf16(bf16(A) beta) v`` against ``bf16(A) bf16(beta v)``): the largest
+difference to its outputs is 6e-3 of the largest value; against float64
+(NumPy, bf16 rounding emulated, 200 chunks) the relative Frobenius errors are
+2.3e-3 (u) and 2.4e-3 (w) against the split path's 2.3e-3 and 2.2e-3.
 
-Prints ms (torch `do_bench`) per config beside the shipped split path, and the
-largest difference of `w`, `u`, `A` to the split path's outputs.
+H200, headline shape, torch ``do_bench`` (session 15; NOTES has every step):
+the best config ``g1_nc2_kv2_wgmma`` 0.396 ms against the split path's
+0.399 in the same call, 1.55x the floor; its builders alone 0.235, its w/u
+partitions alone 0.271. Not shipped: 1.5x needs ~0.383, and a Gluon kernel
+needs jax-triton 0.4 and cannot run under ``TRITON_INTERPRET=1``. Written for
+triton 3.6's Gluon (the GPU machine's); triton 3.8's does not compile it
+(``gl.thread_barrier`` is gone there).
+
+Prints ms per config beside the shipped split path (fixed configs), and the
+largest difference of ``w``, ``u``, ``A`` to the split path's outputs
+(B=2 T=1000 H=4 Hg=2, and the headline). ``--profile CONFIG`` runs one config
+three times for Nsight Compute (``scripts/device_run.sh 03 profile-ws``).
 """
 from __future__ import annotations
 
@@ -113,13 +131,19 @@ def issue_k(k, kb, q, col0, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl
 
 
 @gluon.jit
-def store_block(A, slot, rows0, i_h, T, valid, rb: gl.constexpr, cb: gl.constexpr, blk, r, c,
+def store_block(A, rows0, i_h, T, valid, rb: gl.constexpr, cb: gl.constexpr, blk, r, c,
                 H: gl.constexpr):
-    """Block ``(rb, cb)`` of the four tasks' ``A`` to HBM (rows < T) and to their ring slots."""
+    """Block ``(rb, cb)`` of the four tasks' ``A`` to HBM (rows < T), as bfloat16."""
     val = blk.to(gl.bfloat16)
     rows = rows0[:, None, None] + rb * 16 + r
     ptr = A + (rows * H + i_h[:, None, None]) * BT + cb * 16 + c
     gl.store(ptr, val, mask=(rows < T[:, None, None]) & valid[:, None, None] & (c >= 0))
+    return val
+
+
+@gluon.jit
+def slot_block(slot, rb: gl.constexpr, cb: gl.constexpr, val):
+    """Block ``(rb, cb)`` (bfloat16) of the four tasks' ``A`` into their ring slots."""
     slot.slice(rb * 16, 16, 1).slice(cb * 16, 16, 2).store(val)
 
 
@@ -213,42 +237,63 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
                 elif q + 1 < n_groups:  # the next group's key tiles while this group's A is built
                     issue_k(k, kb, q + 1, 0, pid, nprog, n_local, T, NTC, H, Hg, K, KH, ld)
 
+            # Every block is computed and stored to HBM before the ring slots are
+            # awaited, so only the shared-memory stores wait for the w/u partition
+            # (waiting first made the two partitions take turns with one group of
+            # slots: 0.416 ms where the builders alone take 0.235, w/u alone 0.271).
+            m_d = r > c
+            Ai00 = inverse_by_halving(gl.where(m_d, gate(A00, g_r0, g_c0, b_r0), 0.0), r, c)
+            h00 = store_block(A, rows0, i_h, Tb, valid, 0, 0, Ai00, r, c, H)
+            Ai11 = inverse_by_halving(gl.where(m_d, gate(A11, g_r1, g_c1, b_r1), 0.0), r, c)
+            h11 = store_block(A, rows0, i_h, Tb, valid, 1, 1, Ai11, r, c, H)
+            Ai10 = -dot32(dot32(Ai11, gate(A10, g_r1, g_c0, b_r1)), Ai00)
+            h10 = store_block(A, rows0, i_h, Tb, valid, 1, 0, Ai10, r, c, H)
+            Ai22 = inverse_by_halving(gl.where(m_d, gate(A22, g_r2, g_c2, b_r2), 0.0), r, c)
+            h22 = store_block(A, rows0, i_h, Tb, valid, 2, 2, Ai22, r, c, H)
+            L21 = gate(A21, g_r2, g_c1, b_r2)
+            Ai21 = -dot32(dot32(Ai22, L21), Ai11)
+            h21 = store_block(A, rows0, i_h, Tb, valid, 2, 1, Ai21, r, c, H)
+            Ai20 = -dot32(Ai22, dot32(gate(A20, g_r2, g_c0, b_r2), Ai00) + dot32(L21, Ai10))
+            h20 = store_block(A, rows0, i_h, Tb, valid, 2, 0, Ai20, r, c, H)
+            Ai33 = inverse_by_halving(gl.where(m_d, gate(A33, g_r3, g_c3, b_r3), 0.0), r, c)
+            h33 = store_block(A, rows0, i_h, Tb, valid, 3, 3, Ai33, r, c, H)
+            L32 = gate(A32, g_r3, g_c2, b_r3)
+            Ai32 = -dot32(dot32(Ai33, L32), Ai22)
+            h32 = store_block(A, rows0, i_h, Tb, valid, 3, 2, Ai32, r, c, H)
+            L31 = gate(A31, g_r3, g_c1, b_r3)
+            Ai31 = -dot32(Ai33, dot32(L31, Ai11) + dot32(L32, Ai21))
+            h31 = store_block(A, rows0, i_h, Tb, valid, 3, 1, Ai31, r, c, H)
+            Ai30 = -dot32(Ai33, dot32(gate(A30, g_r3, g_c0, b_r3), Ai00) + dot32(L31, Ai10)
+                          + dot32(L32, Ai20))
+            h30 = store_block(A, rows0, i_h, Tb, valid, 3, 0, Ai30, r, c, H)
+            zero = store_block(A, rows0, i_h, Tb, valid, 0, 1, gl.zeros([4, 16, 16], gl.float32, mma),
+                               r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 0, 2, zero, r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 0, 3, zero, r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 1, 2, zero, r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 1, 3, zero, r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 2, 3, zero, r, c, H)
+
             mbarrier.wait(empty.index(gs), ((q // G) & 1) ^ 1)
             # the group's four consecutive [64, 64] slots as one [4, 64, 64] view
             slot = a_ring.index(4 * gs)._reinterpret(
                 gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
-            zero = gl.zeros([4, 16, 16], gl.float32, mma)
-            store_block(A, slot, rows0, i_h, Tb, valid, 0, 1, zero, r, c, H)
-            store_block(A, slot, rows0, i_h, Tb, valid, 0, 2, zero, r, c, H)
-            store_block(A, slot, rows0, i_h, Tb, valid, 0, 3, zero, r, c, H)
-            store_block(A, slot, rows0, i_h, Tb, valid, 1, 2, zero, r, c, H)
-            store_block(A, slot, rows0, i_h, Tb, valid, 1, 3, zero, r, c, H)
-            store_block(A, slot, rows0, i_h, Tb, valid, 2, 3, zero, r, c, H)
-            m_d = r > c
-            Ai00 = inverse_by_halving(gl.where(m_d, gate(A00, g_r0, g_c0, b_r0), 0.0), r, c)
-            store_block(A, slot, rows0, i_h, Tb, valid, 0, 0, Ai00, r, c, H)
-            Ai11 = inverse_by_halving(gl.where(m_d, gate(A11, g_r1, g_c1, b_r1), 0.0), r, c)
-            store_block(A, slot, rows0, i_h, Tb, valid, 1, 1, Ai11, r, c, H)
-            Ai10 = -dot32(dot32(Ai11, gate(A10, g_r1, g_c0, b_r1)), Ai00)
-            store_block(A, slot, rows0, i_h, Tb, valid, 1, 0, Ai10, r, c, H)
-            Ai22 = inverse_by_halving(gl.where(m_d, gate(A22, g_r2, g_c2, b_r2), 0.0), r, c)
-            store_block(A, slot, rows0, i_h, Tb, valid, 2, 2, Ai22, r, c, H)
-            L21 = gate(A21, g_r2, g_c1, b_r2)
-            Ai21 = -dot32(dot32(Ai22, L21), Ai11)
-            store_block(A, slot, rows0, i_h, Tb, valid, 2, 1, Ai21, r, c, H)
-            Ai20 = -dot32(Ai22, dot32(gate(A20, g_r2, g_c0, b_r2), Ai00) + dot32(L21, Ai10))
-            store_block(A, slot, rows0, i_h, Tb, valid, 2, 0, Ai20, r, c, H)
-            Ai33 = inverse_by_halving(gl.where(m_d, gate(A33, g_r3, g_c3, b_r3), 0.0), r, c)
-            store_block(A, slot, rows0, i_h, Tb, valid, 3, 3, Ai33, r, c, H)
-            L32 = gate(A32, g_r3, g_c2, b_r3)
-            Ai32 = -dot32(dot32(Ai33, L32), Ai22)
-            store_block(A, slot, rows0, i_h, Tb, valid, 3, 2, Ai32, r, c, H)
-            L31 = gate(A31, g_r3, g_c1, b_r3)
-            Ai31 = -dot32(Ai33, dot32(L31, Ai11) + dot32(L32, Ai21))
-            store_block(A, slot, rows0, i_h, Tb, valid, 3, 1, Ai31, r, c, H)
-            Ai30 = -dot32(Ai33, dot32(gate(A30, g_r3, g_c0, b_r3), Ai00) + dot32(L31, Ai10)
-                          + dot32(L32, Ai20))
-            store_block(A, slot, rows0, i_h, Tb, valid, 3, 0, Ai30, r, c, H)
+            slot_block(slot, 0, 0, h00)
+            slot_block(slot, 0, 1, zero)
+            slot_block(slot, 0, 2, zero)
+            slot_block(slot, 0, 3, zero)
+            slot_block(slot, 1, 0, h10)
+            slot_block(slot, 1, 1, h11)
+            slot_block(slot, 1, 2, zero)
+            slot_block(slot, 1, 3, zero)
+            slot_block(slot, 2, 0, h20)
+            slot_block(slot, 2, 1, h21)
+            slot_block(slot, 2, 2, h22)
+            slot_block(slot, 2, 3, zero)
+            slot_block(slot, 3, 0, h30)
+            slot_block(slot, 3, 1, h31)
+            slot_block(slot, 3, 2, h32)
+            slot_block(slot, 3, 3, h33)
             gl.thread_barrier()
             mbarrier.arrive(ready.index(gs))
 
@@ -315,7 +360,6 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
                                                       instr_shape=[16, 8])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     opB: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
-    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     BX: gl.constexpr = 64
     gl.static_assert((K == 128) & (V == 128))
     pid = gl.program_id(0)
@@ -463,27 +507,26 @@ def gdn_fwd_intra_ws_kernel(k, k_desc, v_desc, w_desc, u_desc, g, beta, T, n_tas
 # ---------------------------------------------------------------- host side (torch)
 
 CONFIGS = {
-    # name: (G groups of four A slots, S2 k/v-ring slots per consumer, BK, builder registers,
-    #        maxnreg, MODE, NC w/u consumers (4 warps each), second consumer's registers,
-    #        WGMMA (0 mma_v2, 1 warpgroup MMA, 2 the four warpgroup MMAs in flight together),
-    #        KH columns of the builders' key buffer)
-    # MODE 1: the builders alone (w/u partition only waits), 2: the w/u partition alone
-    "g2_kv2_bk32": (2, 2, 32, 240, 248, 0, 1, 0, 0, 128),
-    "g2_nc2_kv1_wgmma": (2, 1, 32, 240, 168, 0, 2, 136, 1, 128),
-    "g2_nc2_kv1_wgmma_r216": (2, 1, 32, 216, 168, 0, 2, 152, 1, 128),
-    "g1_nc2_kv2_wgmma_kh64": (1, 2, 32, 240, 168, 0, 2, 136, 1, 64),
-    "g2_nc2_kv2_wgmma_kh64": (2, 2, 32, 240, 168, 0, 2, 136, 1, 64),
-    "g2_nc2_kv2_wgmma_kh64_r216": (2, 2, 32, 216, 168, 0, 2, 152, 1, 64),
-    "g2_nc2_kv2_wgmma_kh64_builders_only": (2, 2, 32, 240, 168, 1, 2, 136, 1, 64),
-    "g2_nc2_kv2_wgmma_kh64_wu_only": (2, 2, 32, 240, 168, 2, 2, 136, 1, 64),
+    # name: (G groups of four A slots, S2 k/v ring slots per w/u partition, BK, builder
+    #        registers, maxnreg, MODE, NC w/u partitions (4 warps each), the second w/u
+    #        partition's registers, WGMMA (0 mma_v2, 1 warpgroup MMA, 2 the four warpgroup
+    #        MMAs in flight together), KH columns of the builders' key buffer)
+    # MODE 1: the builders alone (the w/u partitions only hand the slots back),
+    # MODE 2: the w/u partitions alone (the builders only hand out the slots).
+    # Shared memory: 8 KB per A slot, 64 KB of key tiles (KH = 128), 32 KB per k/v
+    # slot; 227 KB at most (g1_nc2_kv2 takes 226).
     "g1_nc2_kv2_wgmma": (1, 2, 32, 240, 168, 0, 2, 136, 1, 128),
     "g1_nc2_kv2_wgmma_builders_only": (1, 2, 32, 240, 168, 1, 2, 136, 1, 128),
     "g1_nc2_kv2_wgmma_wu_only": (1, 2, 32, 240, 168, 2, 2, 136, 1, 128),
+    "g1_nc2_kv2_wgasync": (1, 2, 32, 240, 168, 0, 2, 136, 2, 128),
+    "g2_nc2_kv1_wgmma": (2, 1, 32, 240, 168, 0, 2, 136, 1, 128),
+    "g2_nc2_kv2_wgmma_kh64": (2, 2, 32, 240, 168, 0, 2, 136, 1, 64),
+    "g2_nc1_kv2_mma_v2": (2, 2, 32, 240, 248, 0, 1, 0, 0, 128),
 }
 MODE_AT = 5  # index of MODE in a config
 
 
-def ws_forward(k, v, g, beta, config="g2_kv2_bk32"):
+def ws_forward(k, v, g, beta, config="g1_nc2_kv2_wgmma"):
     """``(w, u, A)`` of fixed-length bf16 inputs by the warp-specialized kernel."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -522,7 +565,8 @@ def main():
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default="g1_nc2_kv2_wgmma,g1_nc2_kv2_wgmma_builders_only,"
+                    "g1_nc2_kv2_wgmma_wu_only,g2_nc2_kv1_wgmma")
     ap.add_argument("--deadline", type=float, default=120.0, help="seconds per step before exit")
     ap.add_argument("--profile", help="run CONFIG three times at the headline shape (under ncu) and exit")
     args = ap.parse_args()

@@ -2,7 +2,7 @@
 # GPU-machine session: installs the carried jax-triton wheel and this package
 # into /tmp (no registry there), then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | profile | host-cost | assembler | <any command, run with the env set>
+#   phases: info | test-fixed | test-tuned | test-slow | bench | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels) and .shim (the triton36 sitecustomize).
 set -uo pipefail
 JT=$1; shift
@@ -45,6 +45,16 @@ for phase in "$@"; do
       ncu --import "$OUT/split.ncu-rep" --page details > "$OUT/split_details.txt"
       ncu --import "$OUT/split.ncu-rep" --page source --print-source sass --csv > /tmp/split_source.csv
       python3 benchmarks/ncu_stalls.py /tmp/split_source.csv | tee "$OUT/split_stalls.txt";;
+    # Nsight Compute on the warp-specialized Gluon probe (benchmarks/gluon_ws_probe.py),
+    # one report, details page and stall summary per config: PROFILE_CONFIGS="a b"
+    profile-ws)
+      for c in ${PROFILE_CONFIGS:-g1_nc2_kv2_wgmma}; do
+        ncu --clock-control none --set full --import-source no -k regex:gdn_fwd_intra_ws --launch-skip 1 \
+          --launch-count 1 -f -o "$OUT/$c" python3 -P benchmarks/gluon_ws_probe.py --profile "$c" > "$OUT/ncu_$c.log" 2>&1
+        ncu --import "$OUT/$c.ncu-rep" --page details > "$OUT/${c}_details.txt"
+        ncu --import "$OUT/$c.ncu-rep" --page source --print-source sass --csv > "$OUT/$c.csv"
+        python3 benchmarks/ncu_stalls.py "$OUT/$c.csv" --top 16 | tee "$OUT/${c}_stalls.txt"
+      done;;
     # host time per call against the custom calls' opaque size, every Triton path
     host-cost) PYTHONPATH=$PYTHONPATH:$PWD/benchmarks python3 -P benchmarks/host_cost.py --out "$OUT" 2>&1 | tee "$OUT/host_cost_jt$JT.log" | tail -14;;
     # Which assembler jaxlib runs on jax-triton's PTX, and JAX's GPU time at the
