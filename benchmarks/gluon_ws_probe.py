@@ -1,7 +1,7 @@
 """Probe (GPU machine, torch launch): the one-kernel path as a warp-specialized
 Gluon kernel (``triton.experimental.gluon``), fixed-length bf16 inputs, K = V = 128.
 
-    python3 benchmarks/gluon_ws_probe.py [--out DIR] [--configs a,b] [--profile CONFIG]
+    python3 benchmarks/gluon_ws_probe.py [--out DIR] [--configs a,b] [--profile CONFIG] [--jax]
 
 Why: the split path is 1.58x the floor at the headline shape. Its `A` kernel
 is latency-bound at one warp per program (~0.12 ms) and its w/u kernel
@@ -40,7 +40,12 @@ triton 3.6's Gluon (the GPU machine's); triton 3.8's does not compile it
 
 Prints ms per config beside the shipped split path (fixed configs), and the
 largest difference of ``w``, ``u``, ``A`` to the split path's outputs
-(B=2 T=1000 H=4 Hg=2, and the headline). ``--profile CONFIG`` runs one config
+(B=2 T=1000 H=4 Hg=2, and the headline). ``--jax`` also launches the first
+config from JAX (``ws_forward_jax``, jax-triton 0.4.1) and compares outputs
+and time per call with the torch launch. The kernel makes its TMA
+descriptors on the device for that (both launchers pass plain buffers).
+This was written after session 15's device time: the device-side descriptors
+compile offline, but neither they nor ``--jax`` have run on the GPU yet. ``--profile CONFIG`` runs one config
 three times for Nsight Compute (``scripts/device_run.sh 03 profile-ws``).
 """
 from __future__ import annotations
@@ -474,17 +479,26 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
 # ---------------------------------------------------------------- kernel
 
 @gluon.jit
-def gdn_fwd_intra_ws_kernel(k, k_desc, v_desc, w_desc, u_desc, g, beta, T, n_tasks, NTC, w, u, A,
+def gdn_fwd_intra_ws_kernel(k, v, g, beta, T, n_tasks, NTC, ROWS, w, u, A,
                             H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                             BK: gl.constexpr, G: gl.constexpr, S2: gl.constexpr,
                             BUILDER_REGS: gl.constexpr, MODE: gl.constexpr, NC: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, WGMMA: gl.constexpr, KH: gl.constexpr,
                             PERM: gl.constexpr):
+    """Parameter order as jax-triton passes them: inputs, scalars (``ROWS`` =
+    B T), outputs, constexprs. The TMA descriptors are made here, on the device
+    (global scratch: ``triton.set_allocator`` under torch, jax-triton 0.4.1
+    with jaxlib > 0.11.0 under JAX), so both launchers pass plain buffers."""
+    tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    k_desc = tma.make_tensor_descriptor(k, [ROWS, Hg * K], [Hg * K, 1], [BT, K], tile)
+    v_desc = tma.make_tensor_descriptor(v, [ROWS, H * V], [H * V, 1], [BT, V], tile)
+    w_desc = tma.make_tensor_descriptor(w, [ROWS, H * K], [H * K, 1], [BT, 64], tile)
+    u_desc = tma.make_tensor_descriptor(u, [ROWS, H * V], [H * V, 1], [BT, 64], tile)
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [4 * G, BT, BT],
                                        gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     kb = gl.allocate_shared_memory(gl.bfloat16, [4, BT, KH], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
-    k_ring = gl.allocate_shared_memory(gl.bfloat16, [NC * S2, BT, K], k_desc.layout)
-    v_ring = gl.allocate_shared_memory(gl.bfloat16, [NC * S2, BT, V], v_desc.layout)
+    k_ring = gl.allocate_shared_memory(gl.bfloat16, [NC * S2, BT, K], tile)
+    v_ring = gl.allocate_shared_memory(gl.bfloat16, [NC * S2, BT, V], tile)
     ready = gl.allocate_shared_memory(gl.int64, [G, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [G, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [NC * S2, 1], mbarrier.MBarrierLayout())
@@ -541,31 +555,49 @@ CONFIGS = {
 MODE_AT = 5  # index of MODE in a config
 
 
-def ws_forward(k, v, g, beta, config="g1_nc2_kv2_wgmma"):
-    """``(w, u, A)`` of fixed-length bf16 inputs by the warp-specialized kernel."""
-    import torch
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+def _launch_args(k, v, config):
+    """Grid, scalars and constexprs of a launch (shapes from ``k``, ``v``)."""
     G, S2, BK, regs, maxnreg, mode, nc, cregs, wgmma, kh, perm = CONFIGS[config]
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     NTC = triton.cdiv(T, 64)
     n_tasks = B * NTC * H
-    w = torch.empty(B, T, H, K, device=k.device, dtype=k.dtype)
-    u = torch.empty(B, T, H, V, device=k.device, dtype=v.dtype)
+    constexprs = dict(H=H, Hg=Hg, K=K, V=V, BK=BK, G=G, S2=S2, BUILDER_REGS=regs, MODE=mode, NC=nc,
+                      CONSUMER_REGS=cregs, WGMMA=wgmma, KH=kh, PERM=perm)
+    return n_tasks, (T, n_tasks, NTC, B * T), constexprs, maxnreg
+
+
+def ws_forward(k, v, g, beta, config="g1_nc2_kv2_wgmma"):
+    """``(w, u, A)`` of fixed-length bf16 torch tensors by the warp-specialized kernel."""
+    import torch
+
+    # the kernel makes its TMA descriptors in global scratch
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    n_tasks, scalars, constexprs, maxnreg = _launch_args(k, v, config)
+    B, T, H = v.shape[0], v.shape[1], v.shape[2]
+    w = torch.empty(B, T, H, k.shape[3], device=k.device, dtype=k.dtype)
+    u = torch.empty(B, T, H, v.shape[3], device=k.device, dtype=v.dtype)
     A = torch.empty(B, T, H, 64, device=k.device, dtype=k.dtype)
     n_sm = torch.cuda.get_device_properties(k.device).multi_processor_count
-    layout = gl.NVMMASharedLayout.get_default_for([64, K], gl.bfloat16)
-    k_desc = TensorDescriptor.from_tensor(k.view(B * T, Hg * K), [64, K], layout)
-    v_desc = TensorDescriptor.from_tensor(v.view(B * T, H * V), [64, V], layout)
-    half = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
-    w_desc = TensorDescriptor.from_tensor(w.view(B * T, H * K), [64, 64], half)
-    u_desc = TensorDescriptor.from_tensor(u.view(B * T, H * V), [64, 64], half)
-    gdn_fwd_intra_ws_kernel[(min(n_tasks, n_sm), )](
-        k, k_desc, v_desc, w_desc, u_desc, g, beta, T, n_tasks, NTC, w, u, A, H=H, Hg=Hg, K=K, V=V, BK=BK, G=G,
-        S2=S2, BUILDER_REGS=regs, MODE=mode, NC=nc, CONSUMER_REGS=cregs, WGMMA=wgmma, KH=kh, PERM=perm, num_warps=4,
-        maxnreg=maxnreg)
+    gdn_fwd_intra_ws_kernel[(min(n_tasks, n_sm), )](k, v, g, beta, *scalars, w, u, A, **constexprs,
+                                                     num_warps=4, maxnreg=maxnreg)
     return w, u, A
+
+
+def ws_forward_jax(k, v, g, beta, config="g1_nc2_kv2_wgmma", n_sm=132):
+    """The same launch from JAX (jax-triton 0.4.1: Gluon kernels, ``maxnreg``
+    through ``backend_options``, global scratch with jaxlib > 0.11.0)."""
+    import jax
+    import jax_triton as jt
+
+    n_tasks, scalars, constexprs, maxnreg = _launch_args(k, v, config)
+    B, T, H = v.shape[0], v.shape[1], v.shape[2]
+    out = (jax.ShapeDtypeStruct((B, T, H, k.shape[3]), k.dtype),
+           jax.ShapeDtypeStruct((B, T, H, v.shape[3]), v.dtype),
+           jax.ShapeDtypeStruct((B, T, H, 64), k.dtype))
+    return jt.triton_call(k, v, g, beta, *scalars, kernel=gdn_fwd_intra_ws_kernel, out_type=out,
+                          grid=(min(n_tasks, n_sm), ), num_warps=4,
+                          backend_options={"maxnreg": maxnreg}, **constexprs)
 
 
 def main():
@@ -585,6 +617,9 @@ def main():
                     "g1_nc2_kv2_wgmma_wu_only")
     ap.add_argument("--deadline", type=float, default=120.0, help="seconds per step before exit")
     ap.add_argument("--profile", help="run CONFIG three times at the headline shape (under ncu) and exit")
+    ap.add_argument("--jax", action="store_true",
+                    help="also launch the first config from JAX (jax-triton 0.4.1: device_run.sh 04): "
+                    "outputs against the torch launch's, and the time per call of both launchers")
     args = ap.parse_args()
     results = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "steps": []}
     out = os.path.join(args.out, "gluon_ws_probe.json")
@@ -657,6 +692,44 @@ def main():
     results["median_ms"] = {n: sorted(t)[len(t) // 2] for n, t in times.items() if t}
     json.dump(results, open(out, "w"), indent=1)
     print(json.dumps(results["median_ms"], indent=1))
+    if args.jax:
+        step("jax_launch", lambda: jax_launch(k, v, g, beta, configs[0]))
+
+
+def jax_launch(k, v, g, beta, config, n=100, reps=5):
+    """The torch and the JAX launch of ``config`` on the same inputs: the
+    largest output difference, and each launcher's time per call (wall clock
+    of ``n`` back-to-back calls, then a sync, over ``n``; median of ``reps``)."""
+    import functools
+    import time
+
+    import jax
+    import numpy as np
+    import torch
+
+    n_sm = torch.cuda.get_device_properties(k.device).multi_processor_count
+    f = jax.jit(functools.partial(ws_forward_jax, config=config, n_sm=n_sm))
+    args = [jax.dlpack.from_dlpack(x) for x in (k, v, g, beta)]
+    got = jax.block_until_ready(f(*args))
+    ref = ws_forward(k, v, g, beta, config)
+    torch.cuda.synchronize()
+    diff = {name: float(np.max(np.abs(np.asarray(a, np.float32) - b.float().cpu().numpy())))
+            for name, a, b in zip("wuA", got, ref)}
+
+    def per_call(call, sync):
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                last = call()
+            sync(last)
+            times.append((time.perf_counter() - t0) / n * 1e3)
+        return sorted(times)[reps // 2]
+
+    jax_ms = per_call(lambda: f(*args), jax.block_until_ready)
+    torch_ms = per_call(lambda: ws_forward(k, v, g, beta, config), lambda _: torch.cuda.synchronize())
+    return {"max_abs_diff_jax_vs_torch": diff, "jax_ms": jax_ms, "torch_ms": torch_ms,
+            "jax_over_torch": jax_ms / torch_ms}
 
 
 if __name__ == "__main__":
