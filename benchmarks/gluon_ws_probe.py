@@ -32,7 +32,8 @@ difference to its outputs is 6e-3 of the largest value; against float64
 
 H200, headline shape, torch ``do_bench`` (session 15; NOTES has every step):
 the best config ``g1_nc2_kv2_wgmma`` 0.396 ms against the split path's
-0.399 in the same call, 1.55x the floor; its builders alone 0.235, its w/u
+0.399 in the same call, 1.55x the floor (the kernel of commit f5ba1ea, with
+TMA descriptors made on the host); its builders alone 0.235, its w/u
 partitions alone 0.271. Not shipped: 1.5x needs ~0.383, and a Gluon kernel
 needs jax-triton 0.4 and cannot run under ``TRITON_INTERPRET=1``. Written for
 triton 3.6's Gluon (the GPU machine's); triton 3.8's does not compile it
