@@ -2,6 +2,7 @@
 Gluon kernel (``triton.experimental.gluon``), fixed-length bf16 inputs, K = V = 128.
 
     python3 benchmarks/gluon_ws_probe.py [--out DIR] [--configs a,b] [--profile CONFIG] [--jax]
+    python3 benchmarks/gluon_ws_probe.py --offline CONFIG   # no GPU: resources and SASS counts
 
 Why: the split path is 1.58x the floor at the headline shape. Its `A` kernel
 is latency-bound at one warp per program (~0.12 ms) and its w/u kernel
@@ -601,15 +602,54 @@ def ws_forward_jax(k, v, g, beta, config="g1_nc2_kv2_wgmma", n_sm=132):
                           backend_options={"maxnreg": maxnreg}, **constexprs)
 
 
+def offline_report(config, shape=(8, 4096, 16, 32, 128, 128)):
+    """Compile ``config`` for sm_90a without a GPU (triton 3.6) and report its
+    shared memory, global scratch, ptxas registers and spills, and SASS
+    instruction counts by opcode (the checks NOTES asks for before timing)."""
+    import collections
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    class Shape:  # what _launch_args reads of a tensor
+        def __init__(self, *shape):
+            self.shape = shape
+
+    B, T, Hg, H, K, V = shape
+    _, _, constexprs, maxnreg = _launch_args(Shape(B, T, Hg, K), Shape(B, T, H, V), config)
+    fn = gdn_fwd_intra_ws_kernel
+    sig = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", T="i32", n_tasks="i32", NTC="i32",
+               ROWS="i32", w="*bf16", u="*bf16", A="*bf16")
+    src = GluonASTSource(
+        fn=fn, signature={**sig, **{n: "constexpr" for n in constexprs}},
+        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
+        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t[0] == "*"})
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=maxnreg))
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as d:
+        ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        open(ptx, "w").write(c.asm["ptx"])
+        open(cubin, "wb").write(c.asm["cubin"])
+        ptxas = subprocess.run([os.path.join(bin_dir, "ptxas"), "--gpu-name", "sm_90a", "-v", ptx, "-o",
+                                os.devnull], capture_output=True, text=True).stderr
+        sass = subprocess.run([os.path.join(bin_dir, "nvdisasm"), "-c", cubin], capture_output=True,
+                              text=True, check=True).stdout
+    ops = [m.group(2) for m in (re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+                                for line in sass.splitlines()) if m]
+    counts = collections.Counter(op.split(".")[0] for op in ops)
+    return {"shared_bytes": c.metadata.shared, "global_scratch_bytes": c.metadata.global_scratch_size,
+            "ptxas": " ".join(line.strip() for line in ptxas.splitlines() if "Used" in line or "spill" in line),
+            "sass_instructions": len(ops), "by_opcode": dict(counts.most_common(16))}
+
+
 def main():
     import os
     import threading
     import time
-
-    import torch
-    from triton.testing import do_bench
-
-    from gdn_jax.torch_launch import fwd_intra_torch
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
@@ -618,10 +658,21 @@ def main():
                     "g1_nc2_kv2_wgmma_wu_only")
     ap.add_argument("--deadline", type=float, default=120.0, help="seconds per step before exit")
     ap.add_argument("--profile", help="run CONFIG three times at the headline shape (under ncu) and exit")
+    ap.add_argument("--offline", metavar="CONFIG",
+                    help="compile CONFIG for sm_90a without a GPU and print its resources and SASS counts")
     ap.add_argument("--jax", action="store_true",
                     help="also launch the first config from JAX (jax-triton 0.4.1: device_run.sh 04): "
                     "outputs against the torch launch's, and the time per call of both launchers")
     args = ap.parse_args()
+    if args.offline:
+        print(json.dumps(offline_report(args.offline), indent=1))
+        return 0
+
+    import torch
+    from triton.testing import do_bench
+
+    from gdn_jax.torch_launch import fwd_intra_torch
+
     results = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "steps": []}
     out = os.path.join(args.out, "gluon_ws_probe.json")
     state = {"step": "start", "t": time.time()}
