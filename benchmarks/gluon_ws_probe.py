@@ -77,6 +77,14 @@ LOG2E = gl.constexpr(1.4426950408889634)
 # samples on instruction fetch ("no instruction").
 
 @gluon.jit
+def task_at(t, T, NTC, H: gl.constexpr):
+    """``(i_h, i_tc0, bos)`` of task ``t`` (value head fastest, then the chunk,
+    then the batch row): its value head, its chunk's first row in the
+    sequence, and the sequence's first row in the flattened ``B T`` rows (int64)."""
+    return t % H, ((t // H) % NTC) * BT, (t // (H * NTC)).to(gl.int64) * T
+
+
+@gluon.jit
 def dot32(a, b, PERM: gl.constexpr):
     """Batched ``a @ b`` of ``[4, 16, 16]`` float32 blocks in the builders' mma
     layout (tf32). ``PERM``: the inner index ``k = 8a + 2t + j`` read as ``8a +
@@ -132,10 +140,9 @@ def issue_k(k, kb, q, col0, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl
     and missing tasks as zeros)."""
     wl: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, ld))
     j = 4 * q + gl.arange(0, 4, layout=wl)
-    t = pid + j * nprog
-    i_h = t % H
-    row0 = (t // (H * NTC)).to(gl.int64) * T + ((t // H) % NTC) * BT
-    n = gl.minimum(T - ((t // H) % NTC) * BT, BT)
+    i_h, i_tc0, bos = task_at(pid + j * nprog, T, NTC, H)
+    row0 = bos + i_tc0
+    n = gl.minimum(T - i_tc0, BT)
     o1 = gl.arange(0, BT, layout=gl.SliceLayout(0, gl.SliceLayout(2, ld)))
     o2 = col0 + gl.arange(0, KH, layout=gl.SliceLayout(0, gl.SliceLayout(1, ld)))
     ptr = k + ((row0[:, None, None] + o1[None, :, None]) * Hg + (i_h // (H // Hg))[:, None, None]) * K \
@@ -190,11 +197,9 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
         else:
             j = 4 * q + gl.arange(0, 4, layout=wl)
             valid = j < n_local
-            t = pid + j * nprog
-            i_h = t % H
-            i_tc0 = ((t // H) % NTC) * BT
-            rows0 = (t // (H * NTC)).to(gl.int64) * T + i_tc0
-            Tb = (t // (H * NTC)).to(gl.int64) * T + T  # the batch row's end, as a row index
+            i_h, i_tc0, bos = task_at(pid + j * nprog, T, NTC, H)
+            rows0 = bos + i_tc0
+            Tb = bos + T  # the batch row's end, as a row index
             # gates (g in base 2), [4, 16] per 16-row block
             g_r0 = load_vec(g, rows0, i_h, Tb, valid, 0, H, rowL) * LOG2E
             g_r1 = load_vec(g, rows0, i_h, Tb, valid, 1, H, rowL) * LOG2E
@@ -335,8 +340,8 @@ def issue_kv(k_desc, v_desc, bar, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: 
     (rows of the flattened ``[B T, heads dim]`` tensors; a last chunk past ``T``
     reads the next batch row's first rows, which only meet zero columns of
     ``A`` and masked output rows)."""
-    i_h = t % H
-    row = (t // (H * NTC)) * T + ((t // H) % NTC) * BT
+    i_h, i_tc0, bos = task_at(t, T, NTC, H)
+    row = (bos + i_tc0).to(gl.int32)
     mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [row, (i_h // (H // Hg)) * K], bar, k_buf)
     tma.async_copy_global_to_shared(v_desc, [row, i_h * V], bar, v_buf)
@@ -350,9 +355,7 @@ def copy_gates(g, beta, b_buf, g_buf, t, T, NTC, H: gl.constexpr, valid):
     thread, in the dot operand's slice layout) their latency showed up as
     long-scoreboard stalls, and a fence (MEMBAR.ALL.CTA) waits for them."""
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    i_h = t % H
-    i_tc0 = ((t // H) % NTC) * BT
-    bos = (t // (H * NTC)).to(gl.int64) * T
+    i_h, i_tc0, bos = task_at(t, T, NTC, H)
     o = gl.arange(0, BT, layout=lay)
     off = (bos + i_tc0 + o) * H + i_h
     m = (i_tc0 + o < T) & valid
@@ -408,11 +411,7 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
                 sn = CID * S2 + (i + S2 - 1) % S2
                 issue_kv(k_desc, v_desc, kv_ready.index(sn), k_ring.index(sn), v_ring.index(sn),
                          pid + jn * nprog, T, NTC, H, Hg, K, V)
-            i_h = t % H
-            i_t = (t // H) % NTC
-            i_b = t // (H * NTC)
-            bos = i_b.to(gl.int64) * T
-            i_tc0 = i_t * BT
+            i_h, i_tc0, bos = task_at(t, T, NTC, H)
             s2 = CID * S2 + i % S2
             mbarrier.wait(ready.index(gs), ((j // 4) // G) & 1)
             a_op = a_ring.index(s).load(opA).to(gl.float32)
