@@ -133,6 +133,23 @@ def load_vec(x, rows0, i_h, T, valid, blk: gl.constexpr, H: gl.constexpr, layout
 
 
 @gluon.jit
+def load_gates(g, beta, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, layout: gl.constexpr):
+    """Group ``q``'s ``g`` and ``beta`` (eight ``[4, 16]`` float32 blocks: ``g``
+    rows 0-15 .. 48-63, then ``beta``'s; zeros past ``T`` or past the CTA's tasks)."""
+    j = 4 * q + gl.arange(0, 4, layout=gl.SliceLayout(1, layout))
+    valid = j < n_local
+    i_h, i_tc0, bos = task_at(pid + j * nprog, T, NTC, H)
+    rows0 = bos + i_tc0
+    Tb = bos + T
+    return (load_vec(g, rows0, i_h, Tb, valid, 0, H, layout), load_vec(g, rows0, i_h, Tb, valid, 1, H, layout),
+            load_vec(g, rows0, i_h, Tb, valid, 2, H, layout), load_vec(g, rows0, i_h, Tb, valid, 3, H, layout),
+            load_vec(beta, rows0, i_h, Tb, valid, 0, H, layout),
+            load_vec(beta, rows0, i_h, Tb, valid, 1, H, layout),
+            load_vec(beta, rows0, i_h, Tb, valid, 2, H, layout),
+            load_vec(beta, rows0, i_h, Tb, valid, 3, H, layout))
+
+
+@gluon.jit
 def issue_k(k, kb, q, col0, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.constexpr,
             K: gl.constexpr, KH: gl.constexpr, ld: gl.constexpr):
     """cp.async of columns ``col0 .. col0 + KH`` of the ``[64, K]`` key tiles
@@ -172,7 +189,8 @@ def slot_block(slot, rb: gl.constexpr, cb: gl.constexpr, val):
 @gluon.jit
 def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
                       G: gl.constexpr, H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr,
-                      BK: gl.constexpr, MODE: gl.constexpr, KH: gl.constexpr, PERM: gl.constexpr):
+                      BK: gl.constexpr, MODE: gl.constexpr, KH: gl.constexpr, PERM: gl.constexpr,
+                      GPRE: gl.constexpr, ZINIT: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
                                                   instr_shape=[1, 16, 8])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
@@ -189,6 +207,15 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
     n_groups = gl.cdiv(n_local, 4)
     if MODE != 2:
         issue_k(k, kb, 0, 0, pid, nprog, n_local, T, NTC, H, Hg, K, KH, ld)
+        if GPRE:
+            gb_next = load_gates(g, beta, 0, pid, nprog, n_local, T, NTC, H, rowL)
+        if ZINIT:  # the slots' upper blocks stay zero: written once here
+            for s in gl.static_range(4 * G):
+                zs = a_ring.index(s)
+                for rb in gl.static_range(3):
+                    for cb in gl.static_range(rb + 1, 4):
+                        zs.slice(rb * 16, 16, 0).slice(cb * 16, 16, 1).store(
+                            gl.zeros([16, 16], gl.bfloat16, gl.BlockedLayout([1, 2], [4, 8], [4, 1], [1, 0])))
     for q in range(0, n_groups):
         gs = q % G
         if MODE == 2:  # ablation: the w/u partition alone (A slots as they are)
@@ -200,19 +227,25 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
             i_h, i_tc0, bos = task_at(pid + j * nprog, T, NTC, H)
             rows0 = bos + i_tc0
             Tb = bos + T  # the batch row's end, as a row index
-            # gates (g in base 2), [4, 16] per 16-row block
-            g_r0 = load_vec(g, rows0, i_h, Tb, valid, 0, H, rowL) * LOG2E
-            g_r1 = load_vec(g, rows0, i_h, Tb, valid, 1, H, rowL) * LOG2E
-            g_r2 = load_vec(g, rows0, i_h, Tb, valid, 2, H, rowL) * LOG2E
-            g_r3 = load_vec(g, rows0, i_h, Tb, valid, 3, H, rowL) * LOG2E
+            # gates, [4, 16] per 16-row block: this group's, loaded a group ahead
+            # (GPRE) or now
+            if GPRE:
+                gb = gb_next
+                gb_next = load_gates(g, beta, q + 1, pid, nprog, n_local, T, NTC, H, rowL)
+            else:
+                gb = load_gates(g, beta, q, pid, nprog, n_local, T, NTC, H, rowL)
+            g_r0 = gb[0] * LOG2E  # g in base 2
+            g_r1 = gb[1] * LOG2E
+            g_r2 = gb[2] * LOG2E
+            g_r3 = gb[3] * LOG2E
             g_c0 = gl.convert_layout(g_r0, colL)
             g_c1 = gl.convert_layout(g_r1, colL)
             g_c2 = gl.convert_layout(g_r2, colL)
             g_c3 = gl.convert_layout(g_r3, colL)
-            b_r0 = load_vec(beta, rows0, i_h, Tb, valid, 0, H, rowL)
-            b_r1 = load_vec(beta, rows0, i_h, Tb, valid, 1, H, rowL)
-            b_r2 = load_vec(beta, rows0, i_h, Tb, valid, 2, H, rowL)
-            b_r3 = load_vec(beta, rows0, i_h, Tb, valid, 3, H, rowL)
+            b_r0 = gb[4]
+            b_r1 = gb[5]
+            b_r2 = gb[6]
+            b_r3 = gb[7]
             # k k^T in ten 16x16 blocks per task, operands from the copied tiles
             A00 = gl.zeros([4, 16, 16], gl.float32, mma)
             A10 = gl.zeros([4, 16, 16], gl.float32, mma)
@@ -300,17 +333,23 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC,
             slot = a_ring.index(4 * gs)._reinterpret(
                 gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
             slot_block(slot, 0, 0, h00)
-            slot_block(slot, 0, 1, zero)
-            slot_block(slot, 0, 2, zero)
-            slot_block(slot, 0, 3, zero)
+            if not ZINIT:
+                slot_block(slot, 0, 1, zero)
+            if not ZINIT:
+                slot_block(slot, 0, 2, zero)
+            if not ZINIT:
+                slot_block(slot, 0, 3, zero)
             slot_block(slot, 1, 0, h10)
             slot_block(slot, 1, 1, h11)
-            slot_block(slot, 1, 2, zero)
-            slot_block(slot, 1, 3, zero)
+            if not ZINIT:
+                slot_block(slot, 1, 2, zero)
+            if not ZINIT:
+                slot_block(slot, 1, 3, zero)
             slot_block(slot, 2, 0, h20)
             slot_block(slot, 2, 1, h21)
             slot_block(slot, 2, 2, h22)
-            slot_block(slot, 2, 3, zero)
+            if not ZINIT:
+                slot_block(slot, 2, 3, zero)
             slot_block(slot, 3, 0, h30)
             slot_block(slot, 3, 1, h31)
             slot_block(slot, 3, 2, h32)
@@ -331,6 +370,31 @@ def store_tile(y, val, T, bos, head, n_heads: gl.constexpr, D: gl.constexpr, i_t
     cols = col0 + gl.arange(0, BX, layout=gl.SliceLayout(0, lay))
     ptr = y + ((bos + rows[:, None]) * n_heads + head) * D + cols[None, :]
     gl.store(ptr, val, mask=rows[:, None] < T)
+
+
+@gluon.jit
+def tma_store_tiles(u_desc, w_desc, v0s, v1s, k0s, k1s, row, i_h, K: gl.constexpr, V: gl.constexpr,
+                    BX: gl.constexpr):
+    """TMA stores of a whole chunk's results, written over the k/v tiles they were computed from."""
+    fence_async_shared()
+    gl.thread_barrier()
+    row = row.to(gl.int32)
+    tma.async_copy_shared_to_global(u_desc, [row, i_h * V], v0s)
+    tma.async_copy_shared_to_global(u_desc, [row, i_h * V + BX], v1s)
+    tma.async_copy_shared_to_global(w_desc, [row, i_h * K], k0s)
+    tma.async_copy_shared_to_global(w_desc, [row, i_h * K + BX], k1s)
+
+
+@gluon.jit
+def masked_store_tiles(u, w, u0, u1, w0, w1, T, bos, i_h, H: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                       i_tc0, BX: gl.constexpr):
+    """The sequence's last, partial chunk: masked stores from registers."""
+    store_tile(u, u0, T, bos, i_h, H, V, i_tc0, 0, BX)
+    store_tile(u, u1, T, bos, i_h, H, V, i_tc0, BX, BX)
+    store_tile(w, w0, T, bos, i_h, H, K, i_tc0, 0, BX)
+    store_tile(w, w1, T, bos, i_h, H, K, i_tc0, BX, BX)
+    gl.thread_barrier()  # every warp is done with the k/v slot before it is refilled
+    fence_async_shared()
 
 
 @gluon.jit
@@ -430,47 +494,53 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
             k0s = k_ring.index(s2).slice(0, BX, 1)
             k1s = k_ring.index(s2).slice(BX, BX, 1)
             zero = gl.zeros([BT, BX], gl.float32, mma)
-            if WGMMA == 2:  # the four products in flight together
-                c_u0 = warpgroup_mma(a_u, v0s, zero, use_acc=False, is_async=True)
-                c_u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False, is_async=True)
-                c_w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False, is_async=True)
-                c_w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False, is_async=True)
-                u0, u1, w0, w1, a_u, a_w = warpgroup_mma_wait(0, deps=[c_u0, c_u1, c_w0, c_w1, a_u, a_w])
-                u0 = u0.to(gl.bfloat16)
-                u1 = u1.to(gl.bfloat16)
-                w0 = w0.to(gl.bfloat16)
-                w1 = w1.to(gl.bfloat16)
-            elif WGMMA:
-                u0 = warpgroup_mma(a_u, v0s, zero, use_acc=False).to(gl.bfloat16)
-                u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False).to(gl.bfloat16)
-                w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False).to(gl.bfloat16)
-                w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False).to(gl.bfloat16)
+            if WGMMA == 3:
+                if i_tc0 + BT <= T:
+                    # each product into the tile it read as soon as its (synchronous,
+                    # warpgroup-wide) MMA is done: no barrier before the stores, one
+                    # [64, 64] result live at a time
+                    v0s.store(warpgroup_mma(a_u, v0s, zero, use_acc=False).to(gl.bfloat16))
+                    v1s.store(warpgroup_mma(a_u, v1s, zero, use_acc=False).to(gl.bfloat16))
+                    k0s.store(warpgroup_mma(a_w, k0s, zero, use_acc=False).to(gl.bfloat16))
+                    k1s.store(warpgroup_mma(a_w, k1s, zero, use_acc=False).to(gl.bfloat16))
+                    tma_store_tiles(u_desc, w_desc, v0s, v1s, k0s, k1s, bos + i_tc0, i_h, K, V, BX)
+                else:
+                    u0 = warpgroup_mma(a_u, v0s, zero, use_acc=False).to(gl.bfloat16)
+                    u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False).to(gl.bfloat16)
+                    w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False).to(gl.bfloat16)
+                    w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False).to(gl.bfloat16)
+                    masked_store_tiles(u, w, u0, u1, w0, w1, T, bos, i_h, H, K, V, i_tc0, BX)
             else:
-                u0 = mma_v2(a_u, v0s.load(opB), zero).to(gl.bfloat16)
-                u1 = mma_v2(a_u, v1s.load(opB), zero).to(gl.bfloat16)
-                w0 = mma_v2(a_w, k0s.load(opB), zero).to(gl.bfloat16)
-                w1 = mma_v2(a_w, k1s.load(opB), zero).to(gl.bfloat16)
-            if i_tc0 + BT <= T:
-                # whole chunk: the results into the slot just read, then TMA stores
-                gl.thread_barrier()
-                v0s.store(u0)
-                v1s.store(u1)
-                k0s.store(w0)
-                k1s.store(w1)
-                fence_async_shared()
-                gl.thread_barrier()
-                row = (bos + i_tc0).to(gl.int32)
-                tma.async_copy_shared_to_global(u_desc, [row, i_h * V], v0s)
-                tma.async_copy_shared_to_global(u_desc, [row, i_h * V + BX], v1s)
-                tma.async_copy_shared_to_global(w_desc, [row, i_h * K], k0s)
-                tma.async_copy_shared_to_global(w_desc, [row, i_h * K + BX], k1s)
-            else:  # the sequence's last, partial chunk: masked stores
-                store_tile(u, u0, T, bos, i_h, H, V, i_tc0, 0, BX)
-                store_tile(u, u1, T, bos, i_h, H, V, i_tc0, BX, BX)
-                store_tile(w, w0, T, bos, i_h, H, K, i_tc0, 0, BX)
-                store_tile(w, w1, T, bos, i_h, H, K, i_tc0, BX, BX)
-                gl.thread_barrier()  # every warp is done with the k/v slot before it is refilled
-                fence_async_shared()
+                if WGMMA == 2:  # the four products in flight together
+                    c_u0 = warpgroup_mma(a_u, v0s, zero, use_acc=False, is_async=True)
+                    c_u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False, is_async=True)
+                    c_w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False, is_async=True)
+                    c_w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False, is_async=True)
+                    u0, u1, w0, w1, a_u, a_w = warpgroup_mma_wait(0, deps=[c_u0, c_u1, c_w0, c_w1, a_u, a_w])
+                    u0 = u0.to(gl.bfloat16)
+                    u1 = u1.to(gl.bfloat16)
+                    w0 = w0.to(gl.bfloat16)
+                    w1 = w1.to(gl.bfloat16)
+                elif WGMMA:
+                    u0 = warpgroup_mma(a_u, v0s, zero, use_acc=False).to(gl.bfloat16)
+                    u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False).to(gl.bfloat16)
+                    w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False).to(gl.bfloat16)
+                    w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False).to(gl.bfloat16)
+                else:
+                    u0 = mma_v2(a_u, v0s.load(opB), zero).to(gl.bfloat16)
+                    u1 = mma_v2(a_u, v1s.load(opB), zero).to(gl.bfloat16)
+                    w0 = mma_v2(a_w, k0s.load(opB), zero).to(gl.bfloat16)
+                    w1 = mma_v2(a_w, k1s.load(opB), zero).to(gl.bfloat16)
+                if i_tc0 + BT <= T:
+                    # whole chunk: the results into the slot just read, then TMA stores
+                    gl.thread_barrier()
+                    v0s.store(u0)
+                    v1s.store(u1)
+                    k0s.store(w0)
+                    k1s.store(w1)
+                    tma_store_tiles(u_desc, w_desc, v0s, v1s, k0s, k1s, bos + i_tc0, i_h, K, V, BX)
+                else:  # the sequence's last, partial chunk: masked stores
+                    masked_store_tiles(u, w, u0, u1, w0, w1, T, bos, i_h, H, K, V, i_tc0, BX)
             # the next task's gates (its slot was read in iteration j - 1)
             copy_gates(g, beta, betas.index(2 * CID + (i + 1) % 2), gs_.index(2 * CID + (i + 1) % 2),
                        t + NC * nprog, T, NTC, H, j + NC < n_local)
@@ -485,7 +555,7 @@ def gdn_fwd_intra_ws_kernel(k, v, g, beta, T, n_tasks, NTC, ROWS, w, u, A,
                             BK: gl.constexpr, G: gl.constexpr, S2: gl.constexpr,
                             BUILDER_REGS: gl.constexpr, MODE: gl.constexpr, NC: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, WGMMA: gl.constexpr, KH: gl.constexpr,
-                            PERM: gl.constexpr):
+                            PERM: gl.constexpr, GPRE: gl.constexpr, ZINIT: gl.constexpr):
     """Parameter order as jax-triton passes them: inputs, scalars (``ROWS`` =
     B T), outputs, constexprs. The TMA descriptors are made here, on the device
     (global scratch: ``triton.set_allocator`` under torch, jax-triton 0.4.1
@@ -517,13 +587,13 @@ def gdn_fwd_intra_ws_kernel(k, v, g, beta, T, n_tasks, NTC, ROWS, w, u, A,
             (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring,
                             v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE, 0, 1, WGMMA)),
             (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, G, H, Hg, K, BK,
-                                 MODE, KH, PERM))], [4], [BUILDER_REGS])
+                                 MODE, KH, PERM, GPRE, ZINIT))], [4], [BUILDER_REGS])
     else:
         gl.warp_specialize([
             (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring,
                             v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE, 0, 2, WGMMA)),
             (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, G, H, Hg, K, BK,
-                                 MODE, KH, PERM)),
+                                 MODE, KH, PERM, GPRE, ZINIT)),
             (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring,
                             v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, G, S2, H, Hg, K, V, MODE, 1, 2, WGMMA)),
         ], [4, 4], [BUILDER_REGS, CONSUMER_REGS])
@@ -535,36 +605,47 @@ CONFIGS = {
     # name: (G groups of four A slots, S2 k/v ring slots per w/u partition, BK, builder
     #        registers, maxnreg, MODE, NC w/u partitions (4 warps each), the second w/u
     #        partition's registers, WGMMA (0 mma_v2, 1 warpgroup MMA, 2 the four warpgroup
-    #        MMAs in flight together), KH columns of the builders' key buffer, PERM (the
-    #        builders' 16x16 dots with the inner index permuted, dot32))
+    #        MMAs in flight together, 3 each result stored as soon as its MMA is done),
+    #        KH columns of the builders' key buffer, PERM (the
+    #        builders' 16x16 dots with the inner index permuted, dot32), GPRE (the
+    #        builders' gates loaded a group ahead), ZINIT (the A slots' zero blocks written once))
     # MODE 1: the builders alone (the w/u partitions only hand the slots back),
     # MODE 2: the w/u partitions alone (the builders only hand out the slots).
     # Shared memory: 8 KB per A slot, 64 KB of key tiles (KH = 128), 32 KB per k/v
     # slot; 227 KB at most (g1_nc2_kv2 takes 226).
-    "g1_nc2_kv2_wgmma": (1, 2, 32, 240, 168, 0, 2, 136, 1, 128, False),
-    "g1_nc2_kv2_wgmma_builders_only": (1, 2, 32, 240, 168, 1, 2, 136, 1, 128, False),
-    "g1_nc2_kv2_wgmma_wu_only": (1, 2, 32, 240, 168, 2, 2, 136, 1, 128, False),
-    "g1_nc2_kv2_wgmma_perm": (1, 2, 32, 240, 168, 0, 2, 136, 1, 128, True),
-    "g1_nc2_kv2_wgmma_perm_builders_only": (1, 2, 32, 240, 168, 1, 2, 136, 1, 128, True),
+    "g1_nc2_kv2_wgmma": (1, 2, 32, 240, 168, 0, 2, 136, 1, 128, False, False, False),
+    "g1_nc2_kv2_wgmma_builders_only": (1, 2, 32, 240, 168, 1, 2, 136, 1, 128, False, False, False),
+    "g1_nc2_kv2_wgmma_wu_only": (1, 2, 32, 240, 168, 2, 2, 136, 1, 128, False, False, False),
+    "g1_nc2_kv2_wgmma_perm": (1, 2, 32, 240, 168, 0, 2, 136, 1, 128, True, False, False),
+    "g1_nc2_kv2_wgmma_perm_builders_only": (1, 2, 32, 240, 168, 1, 2, 136, 1, 128, True, False, False),
     # the register split with the fewest spills offline for PERM (20 bytes against 88)
-    "g1_nc2_kv2_wgmma_perm_r224": (1, 2, 32, 224, 168, 0, 2, 144, 1, 128, True),
-    "g1_nc2_kv2_wgasync": (1, 2, 32, 240, 168, 0, 2, 136, 2, 128, False),
-    "g2_nc2_kv1_wgmma": (2, 1, 32, 240, 168, 0, 2, 136, 1, 128, False),
-    "g2_nc2_kv2_wgmma_kh64": (2, 2, 32, 240, 168, 0, 2, 136, 1, 64, False),
-    "g2_nc1_kv2_mma_v2": (2, 2, 32, 240, 248, 0, 1, 0, 0, 128, False),
+    "g1_nc2_kv2_wgmma_perm_r224": (1, 2, 32, 224, 168, 0, 2, 144, 1, 128, True, False, False),
+    "g1_nc2_kv2_wgasync": (1, 2, 32, 240, 168, 0, 2, 136, 2, 128, False, False, False),
+    "g2_nc2_kv1_wgmma": (2, 1, 32, 240, 168, 0, 2, 136, 1, 128, False, False, False),
+    "g2_nc2_kv2_wgmma_kh64": (2, 2, 32, 240, 168, 0, 2, 136, 1, 64, False, False, False),
+    "g2_nc1_kv2_mma_v2": (2, 2, 32, 240, 248, 0, 1, 0, 0, 128, False, False, False),
+    "g1_nc2_kv2_wgmma_perm_gpre": (1, 2, 32, 240, 168, 0, 2, 136, 1, 128, True, True, False),
+    "g1_nc2_kv2_wgmma_perm_gpre_zinit": (1, 2, 32, 240, 168, 0, 2, 136, 1, 128, True, True, True),
+    "g1_nc2_kv2_wgmma_perm_gpre_zinit_r224": (1, 2, 32, 224, 168, 0, 2, 144, 1, 128, True, True, True),
+    "g1_nc2_kv2_wgmma_perm_gpre_zinit_builders_only": (1, 2, 32, 240, 168, 1, 2, 136, 1, 128, True, True, True),
 }
+# register splits of the PERM + GPRE + ZINIT kernel (builders, second w/u partition); the
+# default partition gets what is left of 3 x 168 (NOTES session 16)
+CONFIGS.update({f"g1_nc2_kv2_wgmma{'' if w == 1 else w}_pgz_b{b}_c{c}": (1, 2, 32, b, 168, 0, 2, c, w, 128, True, True, True)
+                for b in (208, 216, 224, 232) for c in (136, 144, 152) for w in (1, 3)})
 MODE_AT = 5  # index of MODE in a config
 
 
 def _launch_args(k, v, config):
     """Grid, scalars and constexprs of a launch (shapes from ``k``, ``v``)."""
-    G, S2, BK, regs, maxnreg, mode, nc, cregs, wgmma, kh, perm = CONFIGS[config]
+    G, S2, BK, regs, maxnreg, mode, nc, cregs, wgmma, kh, perm, gpre, zinit = CONFIGS[config]
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     NTC = triton.cdiv(T, 64)
     n_tasks = B * NTC * H
     constexprs = dict(H=H, Hg=Hg, K=K, V=V, BK=BK, G=G, S2=S2, BUILDER_REGS=regs, MODE=mode, NC=nc,
-                      CONSUMER_REGS=cregs, WGMMA=wgmma, KH=kh, PERM=perm)
+                      CONSUMER_REGS=cregs, WGMMA=wgmma, KH=kh, PERM=perm, GPRE=gpre,
+                      ZINIT=zinit)
     return n_tasks, (T, n_tasks, NTC, B * T), constexprs, maxnreg
 
 
