@@ -1,6 +1,8 @@
 """Benchmark of fwd_intra on the GPU machine: the gdn_jax Triton paths under
-jax.jit (the one-kernel path ``impl="triton"``, its A kernel then the w/u
-kernel ``impl="split"``, and the seed's two kernels ``impl="seed"``), the same
+jax.jit (the warp-specialized Gluon kernel ``impl="gluon"`` where the shape
+fits it and jax-triton is 0.4, the one-kernel path ``impl="triton"``, its A
+kernel then the w/u kernel ``impl="split"``, and the seed's two kernels
+``impl="seed"``), the same
 kernels launched from torch, the jnp reference under
 jax.jit, and the bandwidth floor (bytes that must move / measured copy bandwidth).
 
@@ -49,8 +51,10 @@ SHAPES = {
     "K256": (2, 4096, 16, 16, 256, 256, None),
     **{f"sweep_T{T}": (8, T, 16, 32, 128, 128, None) for T in SWEEP_T},
 }
-IMPLS = {"fused": "triton", "split": "split", "seed": "seed"}  # column: gdn_jax impl
-PATHS = {"split_steady_ms": "gdn_jax split (jax.jit)", "fused_steady_ms": "gdn_jax one-kernel (jax.jit)",
+# column: gdn_jax impl ("gluon" where the shape fits it and the machine runs it)
+IMPLS = {"gluon": "gluon", "fused": "triton", "split": "split", "seed": "seed"}
+PATHS = {"gluon_steady_ms": "gdn_jax gluon (jax.jit)", "torch_gluon_steady_ms": "gluon kernel, torch launch",
+         "split_steady_ms": "gdn_jax split (jax.jit)", "fused_steady_ms": "gdn_jax one-kernel (jax.jit)",
          "seed_steady_ms": "gdn_jax seed kernels (jax.jit)", "torch_split_steady_ms": "split kernels, torch launch",
          "torch_fused_steady_ms": "one kernel, torch launch", "torch_seed_steady_ms": "seed kernels, torch launch",
          "jnp_reference_steady_ms": "jnp reference (jax.jit)", "floor_ms": "bandwidth floor"}
@@ -543,9 +547,12 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         return wall_median(lambda: out.__setitem__(0, run(*args)), lambda: jax.block_until_ready(out[0]),
                            n_inner=5) / autotune.LAUNCHES_PER_CALL
 
+    from gdn_jax.gluon_launch import gluon_fits
+
+    cols = {c: i for c, i in IMPLS.items() if i != "gluon" or gluon_fits(k, v, g, beta, cu)}
     if with_jax:
         chosen = set(autotune._CHOSEN)
-        for col, impl in IMPLS.items():
+        for col, impl in cols.items():
             jax_call(col, impl)
             row[f"{col}_gpu_ms"] = jax_gpu_time(impl)
         row["jax_configs"] = {key[0]: cfg for key, cfg in autotune._CHOSEN.items() if key not in chosen}
@@ -579,7 +586,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         def do_bench(**kw):
             return triton.testing.do_bench(tcall(**kw), warmup=50, rep=300, return_mode="median")
 
-        for col in IMPLS:  # the torch launcher's path names are the columns'
+        for col in cols:  # the torch launcher's path names are the columns'
             calls[f"torch_{col}"] = (tcall(path=col), torch.cuda.synchronize)
             row[f"torch_{col}_do_bench_ms"] = do_bench(path=col)
             # the configs JAX's autotuner chose at this shape, launched from torch (every
@@ -602,7 +609,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
     for col, times in timed_in_turn(calls).items():  # every path of both launchers, in turn
         row[f"{col}_ms"], row[f"{col}_enqueue_ms"], row[f"{col}_steady_ms"] = times
     row["floor_ms"] = floor_bytes(B, T, Hg, H, K, V) / bw * 1e3
-    for col in IMPLS:
+    for col in cols:
         if f"torch_{col}_ms" in row and f"{col}_ms" in row:
             row[f"{col}_jax_over_torch"] = row[f"{col}_ms"] / row[f"torch_{col}_ms"]
             row[f"{col}_steady_jax_over_torch"] = row[f"{col}_steady_ms"] / row[f"torch_{col}_steady_ms"]
@@ -611,22 +618,24 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
                 row[f"{col}_gpu_jax_over_torch_same_configs"] = (
                     row[f"{col}_gpu_ms"] / row[f"torch_{col}_jax_configs_do_bench_ms"])
     if with_jax:
-        for col in ("split", "fused"):
+        for col in ("gluon", "split", "fused")[0 if "gluon" in cols else 1:]:
             row[f"{col}_over_floor"] = row[f"{col}_steady_ms"] / row["floor_ms"]
             row[f"{col}_over_seed"] = row[f"{col}_steady_ms"] / row["seed_steady_ms"]
     return row
 
 
 TABLE = [  # (column, header); ms per call in a stream of calls (timed's steady)
-    ("shape", "shape"), ("split_steady_ms", "split"), ("fused_steady_ms", "one-kernel"),
-    ("seed_steady_ms", "seed"), ("torch_split_steady_ms", "torch split"),
+    ("shape", "shape"), ("gluon_steady_ms", "gluon"), ("split_steady_ms", "split"),
+    ("fused_steady_ms", "one-kernel"), ("seed_steady_ms", "seed"), ("torch_gluon_steady_ms", "torch gluon"),
+    ("torch_split_steady_ms", "torch split"),
     ("torch_fused_steady_ms", "torch 1k"), ("torch_seed_steady_ms", "torch seed"),
     ("jnp_reference_steady_ms", "jnp ref"), ("floor_ms", "floor"),
-    ("split_steady_jax_over_torch", "split jax/torch"), ("fused_steady_jax_over_torch", "1k jax/torch"),
+    ("gluon_steady_jax_over_torch", "gluon jax/torch"), ("split_steady_jax_over_torch", "split jax/torch"), ("fused_steady_jax_over_torch", "1k jax/torch"),
     ("seed_steady_jax_over_torch", "seed jax/torch"),
+    ("gluon_over_floor", "gluon/floor"), ("gluon_over_seed", "gluon/seed"),
     ("split_over_floor", "split/floor"), ("split_over_seed", "split/seed"), ("fused_over_seed", "1k/seed"),
-    ("split_gpu_ms", "split GPU"), ("fused_gpu_ms", "1k GPU"), ("seed_gpu_ms", "seed GPU"),
-    ("split_gpu_jax_over_torch", "split GPU jax/torch"), ("fused_gpu_jax_over_torch", "1k GPU jax/torch"),
+    ("gluon_gpu_ms", "gluon GPU"), ("split_gpu_ms", "split GPU"), ("fused_gpu_ms", "1k GPU"), ("seed_gpu_ms", "seed GPU"),
+    ("gluon_gpu_jax_over_torch", "gluon GPU jax/torch"), ("split_gpu_jax_over_torch", "split GPU jax/torch"), ("fused_gpu_jax_over_torch", "1k GPU jax/torch"),
     ("seed_gpu_jax_over_torch", "seed GPU jax/torch"),
     ("split_gpu_jax_over_torch_same_configs", "split GPU jax/torch, JAX's configs"),
     ("fused_gpu_jax_over_torch_same_configs", "1k GPU jax/torch, JAX's configs"),

@@ -34,24 +34,30 @@ def fastest_triton_path(programs: int) -> str:
 
 
 def impl_for(B: int, T: int, H: int, impl: str = "auto", *, chunks: int | None = None,
-             chunk_size: int = 64, op: str = "fwd_intra") -> str:
+             chunk_size: int = 64, op: str = "fwd_intra", gluon: bool = False) -> str:
     """The path :func:`gdn_jax.fwd_intra` runs for ``impl`` on ``B`` batch rows
     of ``T`` tokens with ``H`` value heads: :func:`resolve_impl` with the
     launch's programs, ``chunks x H x B``. ``chunks`` is the packed work
     list's length (``chunk_indices.shape[0]``), by default ``cdiv(T,
-    chunk_size)``, the chunks of one row of a fixed-length batch."""
+    chunk_size)``, the chunks of one row of a fixed-length batch. ``gluon``:
+    the inputs fit the Gluon kernel and this machine runs it
+    (:func:`gdn_jax.gluon_launch.gluon_fits`)."""
     chunks = -(-T // chunk_size) if chunks is None else chunks
-    return resolve_impl(op, impl, programs=chunks * H * B)
+    return resolve_impl(op, impl, programs=chunks * H * B, gluon=gluon)
 
 
-def resolve_impl(op: str, impl: str, *, programs: int = 0) -> str:
-    """``"triton"``, ``"split"``, ``"seed"`` or ``"reference"`` for the ``impl``
-    the user asked for: ``"auto"`` is the fastest path here (on an NVIDIA GPU
-    the fastest Triton path for a launch of ``programs`` chunk-head programs,
-    :func:`fastest_triton_path`; elsewhere the jnp reference)."""
+def resolve_impl(op: str, impl: str, *, programs: int = 0, gluon: bool = False) -> str:
+    """``"gluon"``, ``"triton"``, ``"split"``, ``"seed"`` or ``"reference"``
+    for the ``impl`` the user asked for: ``"auto"`` is the fastest path here
+    (on an NVIDIA GPU the fastest Triton path for a launch of ``programs``
+    chunk-head programs, :func:`fastest_triton_path`, and the Gluon kernel in
+    place of the split path where ``gluon``; elsewhere the jnp reference)."""
     if impl == "auto":
-        return fastest_triton_path(programs) if cuda_available() else "reference"
-    if impl in ("triton", "split", "seed") and not cuda_available():
+        if not cuda_available():
+            return "reference"
+        path = fastest_triton_path(programs)
+        return "gluon" if path == "split" and gluon else path
+    if impl in ("gluon", "triton", "split", "seed") and not cuda_available():
         raise RuntimeError(
             f"{op}: impl={impl!r} needs an NVIDIA GPU as JAX's default backend, but "
             f"JAX runs on {jax.default_backend()!r}; use impl='auto' or impl='reference'"

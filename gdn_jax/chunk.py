@@ -107,8 +107,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
         ``cu[0] == 0``, non-decreasing, ``cu[-1] == T``); may be traced under
         ``jax.jit`` (its values are then not checked).
       impl: how ``fwd_intra`` runs: ``"auto"`` (the fastest Triton path on
-        an NVIDIA GPU, else jnp), ``"triton"``, ``"split"``, ``"seed"`` or
-        ``"reference"`` (see :func:`gdn_jax.fwd_intra`); static under ``jax.jit``.
+        an NVIDIA GPU, else jnp), ``"gluon"``, ``"triton"``, ``"split"``,
+        ``"seed"`` or ``"reference"`` (see :func:`gdn_jax.fwd_intra`); static
+        under ``jax.jit``.
 
     Returns:
       ``(o, final_state)``: ``o [B, T, H, V]`` in v's dtype; ``final_state

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .backend import impl_for
 from .chunk_indices import varlen_work_list
+from .gluon_launch import check_gluon, gluon_fits
 from .sharding import fwd_intra_sharded
 from .validate import as_array, check_fwd_intra_args, check_impl
 
@@ -35,8 +36,14 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
         :func:`gdn_jax.prepare_chunk_indices` (computed when omitted).
       impl: ``"auto"``, the fastest path here: on an NVIDIA GPU ``"split"``,
         or ``"triton"`` for small launches (up to 2048 chunk-head programs;
-        measured on an H200, see the README), else ``"reference"``;
-        ``"triton"``, the one-kernel
+        measured on an H200, see the README), and ``"gluon"`` in place of
+        ``"split"`` where it runs (below); else ``"reference"``.
+        ``"gluon"``, the warp-specialized Gluon kernel
+        (``kernels/gluon_intra.py``: the split path's math in one launch, both
+        stages at once on every SM), for Hopper GPUs, jax-triton >= 0.4 and
+        jaxlib > 0.11.0, on fixed-length bfloat16 ``k``/``v`` with ``K = V =
+        128`` and ``T % 64 == 0`` (other inputs raise ValueError; ``"auto"``
+        runs ``"split"`` for them). ``"triton"``, the one-kernel
         Triton path (``kernels/fused_intra.py``); ``"split"``, that path's
         ``A`` kernel, then the w/u kernel (``kernels/recompute_w_u.py``);
         ``"seed"``, the seed's two Triton kernels (``kernels/kkt_solve.py``
@@ -57,8 +64,11 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
         as_array, (k, v, g, beta, cu_seqlens, chunk_indices))
     check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices)
     B, T, H = v.shape[:3]
+    gluon = impl == "auto" and gluon_fits(k, v, g, beta, cu_seqlens)
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, T, chunk_size)
     chunks = None if chunk_indices is None else chunk_indices.shape[0]
+    path = impl_for(B, T, H, impl, chunks=chunks, chunk_size=chunk_size, gluon=gluon)
+    if impl == "gluon":
+        check_gluon("fwd_intra", k, v, g, beta, cu_seqlens)
     return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-                             chunk_indices=chunk_indices,
-                             impl=impl_for(B, T, H, impl, chunks=chunks, chunk_size=chunk_size))
+                             chunk_indices=chunk_indices, impl=path)

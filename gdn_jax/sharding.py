@@ -44,7 +44,7 @@ from .triton_launch import fwd_intra_triton
 
 class Static(NamedTuple):
     """What the partitioned op is specialised on (its static argument)."""
-    impl: str  # "triton", "split", "seed" or "reference"
+    impl: str  # "gluon", "triton", "split", "seed" or "reference"
     chunk_size: int
     use_g: bool  # g given
     varlen: bool  # cu_seqlens and chunk_indices given

@@ -27,10 +27,11 @@ def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None):
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                     *, autotune=True, dot_precision="tf32", path="fused",
                     A_kernel=None, wu_kernel=None, configs=None):
-    """``fwd_intra`` on torch tensors: ``path="fused"`` the one-kernel path,
+    """``fwd_intra`` on torch tensors: ``path="gluon"`` the Gluon kernel
+    (:func:`fwd_intra_gluon_torch`), ``path="fused"`` the one-kernel path,
     ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
     the one-kernel path's A part as its own kernel, then w/u (as the
-    ``impl`` values ``"triton"``, ``"seed"`` and ``"split"`` of :func:`gdn_jax.fwd_intra`).
+    ``impl`` values ``"gluon"``, ``"triton"``, ``"seed"`` and ``"split"`` of :func:`gdn_jax.fwd_intra`).
     ``configs`` (``{kernel name: config kwargs}``, names as in
     :data:`gdn_jax.autotune.UNTUNED`) pins those kernels' configs, for
     instance to the ones the JAX side's autotuner chose.
@@ -45,6 +46,8 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     """
     import torch
 
+    if path == "gluon":  # fixed length only (gluon_launch.input_mismatch)
+        return fwd_intra_gluon_torch(k, v, g, beta)
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = chunk_size
@@ -80,4 +83,29 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         kkt[(NT, H, B)](k=k, A=A, BC=BC, **common, **config)  # the seed's chunk-major grid
     wu, config = tuned_or_fixed(wu_kernel or recompute_w_u_fwd_kernel, "recompute_w_u", autotune, configs)
     wu[grid](k=k, v=v, A=A, w=w, u=u, V=V, **wu_blocks(K, V), **common, **config)
+    return w, u, A
+
+
+def fwd_intra_gluon_torch(k, v, g, beta, **overrides):
+    """``(w, u, A)`` by the Gluon kernel (``kernels/gluon_intra.py``) on torch
+    CUDA tensors: bfloat16 ``k``/``v`` with ``K = V = 128``, float32 ``g``
+    and ``beta``, fixed length (:func:`gdn_jax.gluon_launch.input_mismatch`).
+    ``overrides`` as :func:`gdn_jax.gluon_launch.launch_args`. Sets Triton's
+    scratch allocator (the kernel makes its TMA descriptors in global scratch)."""
+    import torch
+    import triton
+
+    from .gluon_launch import WARPS, launch_args
+    from .kernels.gluon_intra import gdn_fwd_intra_gluon_kernel
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    n_sm = torch.cuda.get_device_properties(k.device).multi_processor_count
+    grid, scalars, constexprs, maxnreg = launch_args(B, T, Hg, H, K, V, n_sm, **overrides)
+    w = torch.empty(B, T, H, K, device=k.device, dtype=k.dtype)
+    u = torch.empty(B, T, H, V, device=k.device, dtype=v.dtype)
+    A = torch.empty(B, T, H, 64, device=k.device, dtype=k.dtype)
+    gdn_fwd_intra_gluon_kernel[grid](k, v, g, beta, *scalars, w, u, A, **constexprs, num_warps=WARPS,
+                                     maxnreg=maxnreg)
     return w, u, A

@@ -141,7 +141,8 @@ def time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path):
 def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                      path="triton"):
     """``fwd_intra`` through jax-triton, ``path`` as ``impl`` of
-    :func:`gdn_jax.fwd_intra`: ``"triton"`` runs the one-kernel path of
+    :func:`gdn_jax.fwd_intra`: ``"gluon"`` runs the Gluon kernel of
+    ``kernels/gluon_intra.py`` (:mod:`gdn_jax.gluon_launch`); ``"triton"`` the one-kernel path of
     ``kernels/fused_intra.py``; ``"split"`` its A kernel, then the
     w/u kernel of ``kernels/recompute_w_u.py``; ``"seed"`` the seed's
     fused kkt+solve kernel, then the same w/u kernel.
@@ -163,6 +164,10 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
     if B * T * H == 0 or NT == 0:
         return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
+    if path == "gluon":  # the warp-specialized Gluon kernel (fixed length; gdn_jax.gluon_launch)
+        from .gluon_launch import fwd_intra_gluon
+
+        return fwd_intra_gluon(k, v, g, beta)
     head_fastest = head_fastest_grid(NT, H, B)  # every kernel but the seed's kkt_solve
     chunk_major = (NT, H, B)  # the seed's kkt_solve
     if path == "seed":

@@ -15,7 +15,7 @@ import numpy as np
 
 CHUNK_SIZES = (64,)
 KERNEL_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-IMPLS = ("auto", "triton", "split", "seed", "reference")
+IMPLS = ("auto", "gluon", "triton", "split", "seed", "reference")
 
 
 def as_array(x):

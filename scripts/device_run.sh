@@ -48,7 +48,7 @@ for phase in "$@"; do
     # Nsight Compute on the warp-specialized Gluon probe (benchmarks/gluon_ws_probe.py),
     # one report, details page and stall summary per config: PROFILE_CONFIGS="a b"
     profile-ws)
-      for c in ${PROFILE_CONFIGS:-g1_nc2_kv2_wgmma}; do
+      for c in ${PROFILE_CONFIGS:-shipped}; do
         ncu --clock-control none --set full --import-source no -k regex:gdn_fwd_intra_ws --launch-skip 1 \
           --launch-count 1 -f -o "$OUT/$c" python3 -P benchmarks/gluon_ws_probe.py --profile "$c" > "$OUT/ncu_$c.log" 2>&1
         ncu --import "$OUT/$c.ncu-rep" --page details > "$OUT/${c}_details.txt"

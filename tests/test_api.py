@@ -82,8 +82,10 @@ def test_auto_picks_the_measured_fastest_triton_path(monkeypatch, B, T, H, path)
     monkeypatch.setattr(gdn_jax.backend, "cuda_available", lambda: True)
     assert gdn_jax.backend.impl_for(B, T, H) == path
     assert gdn_jax.backend.resolve_impl("fwd_intra", "auto", programs=-(-T // 64) * H * B) == path
-    for impl in ("triton", "split", "seed", "reference"):  # an explicit choice is kept
+    for impl in ("gluon", "triton", "split", "seed", "reference"):  # an explicit choice is kept
         assert gdn_jax.backend.impl_for(B, T, H, impl) == impl
+    # where the inputs fit the Gluon kernel, it takes the split path's launches
+    assert gdn_jax.backend.impl_for(B, T, H, gluon=True) == ("gluon" if path == "split" else path)
 
 
 def test_auto_counts_the_programs_of_the_call(monkeypatch):
@@ -91,7 +93,7 @@ def test_auto_counts_the_programs_of_the_call(monkeypatch):
     length for varlen) to the choice of path."""
     seen = []
     monkeypatch.setattr(gdn_jax.backend, "resolve_impl",
-                        lambda op, impl, programs: seen.append(programs) or "reference")
+                        lambda op, impl, programs, gluon: seen.append(programs) or "reference")
     k, v, g, beta = make_inputs(7, 2, 130, 1, 3, 16, 16)
     gdn_jax.fwd_intra(k, v, g, beta)
     k, v, g, beta = make_inputs(8, 1, 130, 1, 3, 16, 16)
@@ -103,7 +105,7 @@ def test_impl_selection_without_gpu():
     if gdn_jax.backend.cuda_available():
         pytest.skip("checks the behaviour without a GPU")
     k, v, g, beta = make_inputs(6, 1, 10, 1, 1, 16, 16)
-    for impl in ("triton", "split", "seed"):
+    for impl in ("gluon", "triton", "split", "seed"):
         with pytest.raises(RuntimeError, match=f"impl='{impl}' needs an NVIDIA GPU"):
             gdn_jax.fwd_intra(k, v, g, beta, impl=impl)
     auto = gdn_jax.fwd_intra(k, v, g, beta)

@@ -1,0 +1,95 @@
+"""gdn_jax/gluon_launch.py without a GPU: which inputs and machines the Gluon
+kernel takes, the errors of ``impl="gluon"``, what ``impl="auto"`` is told,
+and the kernel source compiled for sm_90a by the installed triton (Gluon
+kernels do not run under TRITON_INTERPRET=1; GPU parity: test_gluon_gpu.py)."""
+import jax.numpy as jnp
+import pytest
+
+import gdn_jax
+from gdn_jax import gluon_launch
+from inputs import make_inputs
+
+
+def fitting(B=2, T=128, Hg=2, H=4, seed=0):
+    return make_inputs(seed, B, T, Hg, H, 128, 128, "bfloat16")
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(dtype="float32"), "it takes bfloat16 k and v, got float32 and float32"),
+    (dict(dtype="float16"), "it takes bfloat16 k and v, got float16 and float16"),
+    (dict(K=64), "it takes head dims K = V = 128, got K=64, V=128"),
+    (dict(V=256), "it takes head dims K = V = 128, got K=128, V=256"),
+    (dict(T=1000), "it takes T a multiple of 64, got T=1000"),
+    (dict(T=1), "it takes T a multiple of 64, got T=1"),
+    (dict(cu=True), "it takes fixed-length batches, got cu_seqlens"),
+])
+def test_input_mismatch_names_what_does_not_fit(change, reason):
+    shape = dict(B=1, T=128, Hg=2, H=4, K=128, V=128)
+    shape.update({n: x for n, x in change.items() if n in shape})
+    k, v, g, beta = make_inputs(1, *shape.values(), change.get("dtype", "bfloat16"))
+    cu = jnp.array([0, 64, shape["T"]], jnp.int32) if change.get("cu") else None
+    assert gluon_launch.input_mismatch(k, v, g, beta, cu).startswith(reason)
+
+
+def test_input_mismatch_none_where_the_kernel_fits():
+    for B, T, Hg, H in [(1, 64, 1, 1), (2, 128, 2, 4), (3, 4096, 16, 32)]:
+        k, v, g, beta = make_inputs(2, B, min(T, 256), Hg, H, 128, 128, "bfloat16")
+        assert gluon_launch.input_mismatch(k, v, g, beta, None) is None
+        assert gluon_launch.input_mismatch(k, v, None, beta, None) is None  # no gate: zeros
+
+
+def test_environment_missing_without_gpu():
+    if gdn_jax.backend.cuda_available():
+        pytest.skip("checks the behaviour without a GPU")
+    assert gluon_launch.environment_missing() == "it needs an NVIDIA GPU, JAX runs on 'cpu'"
+    assert not gluon_launch.gluon_fits(*fitting(), None)
+
+
+def test_impl_gluon_errors_say_why(monkeypatch):
+    monkeypatch.setattr(gdn_jax.backend, "cuda_available", lambda: True)
+    monkeypatch.setattr(gluon_launch, "environment_missing", lambda: "it needs a Hopper GPU, got 8.0")
+    with pytest.raises(RuntimeError, match=r"impl='gluon' cannot run here: it needs a Hopper GPU, got 8.0; "
+                                           r"use impl='split'"):
+        gdn_jax.fwd_intra(*fitting(), impl="gluon")
+    monkeypatch.setattr(gluon_launch, "environment_missing", lambda: None)
+    k, v, g, beta = make_inputs(3, 2, 1000, 2, 4, 128, 128, "bfloat16")
+    with pytest.raises(ValueError, match=r"impl='gluon' \(the warp-specialized kernel\) it takes T a multiple "
+                                         r"of 64, got T=1000 .*; use impl='split'"):
+        gdn_jax.fwd_intra(k, v, g, beta, impl="gluon")
+
+
+@pytest.mark.parametrize("env", [None, "no GPU"])
+def test_auto_is_told_whether_the_kernel_fits(monkeypatch, env):
+    """fwd_intra passes gluon=True to the choice of path exactly where the
+    inputs fit and the machine runs the kernel."""
+    seen = []
+    monkeypatch.setattr(gluon_launch, "environment_missing", lambda: env)
+    monkeypatch.setattr(gdn_jax.backend, "resolve_impl",
+                        lambda op, impl, programs, gluon: seen.append(gluon) or "reference")
+    gdn_jax.fwd_intra(*fitting())
+    gdn_jax.fwd_intra(*make_inputs(4, 2, 128, 2, 4, 128, 128, "float32"))
+    gdn_jax.fwd_intra(*make_inputs(5, 2, 100, 2, 4, 128, 128, "bfloat16"))
+    gdn_jax.fwd_intra(*fitting(), impl="split")
+    assert seen == [env is None, False, False, False]
+
+
+def test_kernel_compiles_for_sm90():
+    """The Gluon source through the installed triton's compiler and ptxas, for
+    sm_90a: 12 warps (three partitions of 4), its shared memory within the
+    H200's 227 KB, TMA descriptors in global scratch."""
+    c = gluon_launch.compile_offline()
+    assert c.metadata.num_warps == 12
+    assert c.metadata.shared <= 232448
+    assert c.metadata.global_scratch_size > 0
+    assert ".target sm_90a" in c.asm["ptx"]
+    assert "setmaxnreg" in c.asm["ptx"] and "wgmma" in c.asm["ptx"]
+
+
+def test_launch_args_one_cta_per_sm_at_most_one_per_task():
+    grid, scalars, constexprs, maxnreg = gluon_launch.launch_args(8, 4096, 16, 32, 128, 128, 132)
+    assert grid == (132,) and scalars == (4096, 8 * 64 * 32, 64, 8 * 4096)
+    assert constexprs == dict(H=32, Hg=16, K=128, V=128, MODE=0, BUILDER_REGS=216, WU_REGS=144)
+    assert maxnreg == 168
+    assert gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132)[0] == (3,)
+    _, _, constexprs, maxnreg = gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132, MODE=1, maxnreg=160)
+    assert constexprs["MODE"] == 1 and maxnreg == 160
