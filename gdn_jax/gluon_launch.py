@@ -9,13 +9,17 @@ module docstring says why). :func:`input_mismatch` and
 then runs the split path.
 
 jax-triton 0.4.1 launches Gluon kernels, with two faults this module
-mends (:func:`compile_gluon_as_triton_does`).
+mends (:func:`compile_gluon_as_triton_does`). A third it cannot mend: the
+kernel's per-launch scratch breaks XLA's CUDA graphs, so the path needs
+``XLA_FLAGS=--xla_gpu_enable_command_buffer=``
+(:func:`command_buffers_take_custom_calls`).
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import importlib.metadata
+import os
 import re
 
 import jax
@@ -56,8 +60,10 @@ def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
 def environment_missing() -> str | None:
     """Why this machine cannot run the Gluon kernel from JAX, or None:
     it needs a compute capability 9.x GPU, a triton with Gluon's Hopper ops,
-    jax-triton >= 0.4 (Gluon launches) and jaxlib > 0.11.0 (global scratch,
-    which holds the kernel's TMA descriptors)."""
+    jax-triton >= 0.4 (Gluon launches), jaxlib > 0.11.0 (global scratch,
+    which holds the kernel's TMA descriptors), and XLA told to keep custom
+    calls out of CUDA graphs (:func:`command_buffers_take_custom_calls`).
+    Read once per process."""
     if jax.default_backend() != "gpu":
         return f"it needs an NVIDIA GPU, JAX runs on {jax.default_backend()!r}"
     cc = str(getattr(jax.devices()[0], "compute_capability", ""))
@@ -73,7 +79,25 @@ def environment_missing() -> str | None:
     jaxlib = tuple(int(x) for x in re.findall(r"\d+", importlib.metadata.version("jaxlib"))[:3])
     if jaxlib <= (0, 11, 0):
         return f"it needs jaxlib > 0.11.0 (global scratch for its TMA descriptors), got {jaxlib}"
-    return None
+    return command_buffers_take_custom_calls(os.environ.get("XLA_FLAGS", ""))
+
+
+def command_buffers_take_custom_calls(xla_flags: str) -> str | None:
+    """Why the kernel cannot run under these XLA flags, or None. jaxlib
+    allocates a Triton kernel's global scratch (here: its TMA descriptors)
+    on every launch with ``cuMemAllocAsync``; when XLA records the launch
+    into a CUDA graph (a command buffer: from the second execution of a
+    jitted function with several launches), that allocation cannot enter the
+    graph and the call fails with CUDA_ERROR_NOT_SUPPORTED (H200, jaxlib
+    0.11.2, session 16, ``benchmarks/graph_check.py``). XLA leaves custom
+    calls out of command buffers under ``--xla_gpu_enable_command_buffer=``
+    (empty, or a list of types without CUSTOM_CALL)."""
+    flag = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", xla_flags)
+    if flag and "CUSTOM_CALL" not in flag[-1].upper().split(","):
+        return None
+    return ("XLA may record it into a CUDA graph (command buffer), where jaxlib's per-launch scratch "
+            "allocation fails; set XLA_FLAGS=--xla_gpu_enable_command_buffer= (or a list of command "
+            "types without CUSTOM_CALL) before JAX starts")
 
 
 def gluon_fits(k, v, g, beta, cu_seqlens) -> bool:

@@ -93,3 +93,20 @@ def test_launch_args_one_cta_per_sm_at_most_one_per_task():
     assert gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132)[0] == (3,)
     _, _, constexprs, maxnreg = gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132, MODE=1, maxnreg=160)
     assert constexprs["MODE"] == 1 and maxnreg == 160
+
+
+@pytest.mark.parametrize("flags,ok", [
+    ("", False),
+    ("--xla_gpu_autotune_level=0", False),
+    ("--xla_gpu_enable_command_buffer=", True),
+    ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS --xla_gpu_autotune_level=0", True),
+    ("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL", False),
+    ("--xla_gpu_enable_command_buffer= --xla_gpu_enable_command_buffer=FUSION,custom_call", False),
+])
+def test_command_buffer_flag(flags, ok):
+    """The kernel runs only where XLA keeps custom calls out of CUDA graphs
+    (its per-launch scratch allocation cannot enter one); the last flag wins."""
+    reason = gluon_launch.command_buffers_take_custom_calls(flags)
+    assert (reason is None) == ok
+    if not ok:
+        assert "XLA_FLAGS=--xla_gpu_enable_command_buffer=" in reason
