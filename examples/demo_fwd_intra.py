@@ -16,8 +16,9 @@ import jax.numpy as jnp
 
 import gdn_jax
 from gdn_jax.backend import cuda_available, impl_for
+from gdn_jax.gluon_launch import gluon_fits
 
-PATHS = {"triton": "Triton, one-kernel path", "split": "Triton, A kernel then w/u kernel",
+PATHS = {"gluon": "Gluon, warp-specialized kernel", "triton": "Triton, one-kernel path", "split": "Triton, A kernel then w/u kernel",
          "seed": "Triton, the seed's two kernels",
          "reference": "jnp reference (no NVIDIA GPU)"}
 
@@ -68,7 +69,7 @@ def main():
     ref = jax.jit(lambda *x: gdn_jax.fwd_intra(*x, impl="reference"))  # the yardstick on a GPU
     w, u, A = fwd(k, v, g, beta)
     print(f"fixed length: k {k.shape} v {v.shape} -> w {w.shape} u {u.shape} A {A.shape} ({A.dtype})")
-    print(f"  ran: {PATHS[impl_for(B, T, H)]}")
+    print(f"  ran: {PATHS[impl_for(B, T, H, gluon=gluon_fits(k, v, g, beta, None))]}")
     if cuda_available():
         errs = [rel(o, r) for o, r in zip((w, u, A), ref(k, v, g, beta))]
         print("  Triton vs jnp reference, rel. error: w {:.1e}  u {:.1e}  A {:.1e}".format(*errs))

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdn_jax.backend import cuda_available, impl_for
+from gdn_jax.gluon_launch import gluon_fits
 from gdn_jax.chunk import chunk_gated_delta_rule
 from gdn_jax.validate import IMPLS
 
@@ -138,7 +139,10 @@ def main(argv=None):
         forward(state, x).block_until_ready()
         times.append(time.perf_counter() - t0)
 
-    path = impl_for(args.batch, args.seq_len, args.v_heads, args.impl, op="GatedDeltaNet")
+    qk = jax.ShapeDtypeStruct((args.batch, args.seq_len, args.qk_heads, args.head_dim), dtype)
+    vv = jax.ShapeDtypeStruct((args.batch, args.seq_len, args.v_heads, args.head_dim), dtype)
+    path = impl_for(args.batch, args.seq_len, args.v_heads, args.impl, op="GatedDeltaNet",
+                    gluon=args.impl == "auto" and gluon_fits(qk, vv, None, None, None))
     print(f"output shape {tuple(y.shape)} dtype {y.dtype}")
     print(f"fwd_intra path: {path} (cuda_available={cuda_available()}, "
           f"backend={jax.default_backend()})")
