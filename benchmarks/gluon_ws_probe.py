@@ -37,6 +37,11 @@ CONFIGS = {
     "shipped": {},
     "builders_only": dict(MODE=1),
     "wu_only": dict(MODE=2),
+    # no TMA descriptors (cp.async k/v tiles, register stores): no global scratch,
+    # so no per-launch allocation under jaxlib (session 16, not yet run on a GPU)
+    "no_tma": dict(TMA=False),
+    "no_tma_builders_only": dict(TMA=False, MODE=1),
+    "no_tma_wu_only": dict(TMA=False, MODE=2),
     # register splits (builders, second w/u partition); H200 session 16: 216/144
     # 0.380 ms, 224/144 0.390, 208/136 0.388, 208/144 0.435, 216/136 0.442, 216/152 0.443
     **{f"b{b}_c{c}": dict(BUILDER_REGS=b, WU_REGS=c) for b in (208, 216, 224, 232) for c in (136, 144, 152)},

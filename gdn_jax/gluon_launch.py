@@ -121,11 +121,12 @@ def launch_args(B: int, T: int, Hg: int, H: int, K: int, V: int, n_sm: int, **ov
     """``(grid, scalars, constexprs, maxnreg)`` of a launch: one CTA per SM (at
     most one per task), the scalars ``T, n_tasks, NTC, ROWS``, the constexprs
     and the register limit. ``overrides`` replace constexprs (``MODE``,
-    ``BUILDER_REGS``, ``WU_REGS``: the probe's ablations and splits) or ``maxnreg``."""
+    ``BUILDER_REGS``, ``WU_REGS``, ``TMA``: the probe's ablations, splits
+    and variants) or ``maxnreg``."""
     NTC = cdiv(T, 64)
     n_tasks = B * NTC * H
     maxnreg = overrides.pop("maxnreg", MAXNREG)
-    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, **REGS)
+    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=True, **REGS)
     constexprs.update(overrides)
     return (min(n_tasks, n_sm), ), (T, n_tasks, NTC, B * T), constexprs, maxnreg
 

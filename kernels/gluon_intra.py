@@ -353,6 +353,23 @@ def issue_kv(k_desc, v_desc, bar, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: 
 
 
 @gluon.jit
+def copy_kv(k, v, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr,
+            V: gl.constexpr):
+    """cp.async of task ``t``'s ``[64, K]`` key tile and ``[64, V]`` value tile
+    into the swizzled slots (16 bytes per copy; rows past ``T`` as zeros), the
+    copy path without TMA descriptors (``TMA=False``)."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    i_h, i_tc0, bos = task_at(t, T, NTC, H)
+    r = gl.arange(0, BT, layout=gl.SliceLayout(1, lay))
+    c = gl.arange(0, K, layout=gl.SliceLayout(0, lay))
+    rows = (bos + i_tc0 + r)[:, None]
+    m = (i_tc0 + r < T)[:, None] & (c < K)[None, :]
+    async_copy.async_copy_global_to_shared(k_buf, k + (rows * Hg + i_h // (H // Hg)) * K + c[None, :], mask=m)
+    async_copy.async_copy_global_to_shared(v_buf, v + (rows * H + i_h) * V + c[None, :], mask=m)
+    async_copy.commit_group()
+
+
+@gluon.jit
 def copy_gates(g, beta, b_buf, g_buf, t, T, NTC, H: gl.constexpr, valid):
     """cp.async of task ``t``'s 64 ``beta`` and ``g`` values into ``b_buf``,
     ``g_buf`` (``[64]`` float32 each; zeros past ``T`` or where not
@@ -369,11 +386,14 @@ def copy_gates(g, beta, b_buf, g_buf, t, T, NTC, H: gl.constexpr, valid):
 
 
 @gluon.jit
-def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring,
+def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring,
                  kv_ready, betas, gs_, T, n_tasks, NTC, H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr,
-                 V: gl.constexpr, MODE: gl.constexpr, CID: gl.constexpr):
+                 V: gl.constexpr, MODE: gl.constexpr, CID: gl.constexpr, TMA: gl.constexpr):
     """w/u partition ``CID`` of 2: the CTA's tasks ``j = CID, CID + 2, ...``,
-    with its own two k/v slots and gates buffers."""
+    with its own two k/v slots and gates buffers. ``TMA``: the k/v tiles by
+    TMA loads and the results by TMA stores (the descriptors); else by
+    cp.async (``copy_kv``) and masked register stores (``k``, ``v``, ``w``,
+    ``u``; the descriptor arguments are then unused)."""
     # Hopper warpgroup MMA: B straight from the swizzled tiles, one instruction per 64x64x16
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
@@ -384,8 +404,11 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
     copy_gates(g, beta, betas.index(2 * CID), gs_.index(2 * CID), pid + CID * nprog, T, NTC, H, CID < n_local)
     if MODE != 1:
         if CID < n_local:
-            issue_kv(k_desc, v_desc, kv_ready.index(2 * CID), k_ring.index(2 * CID), v_ring.index(2 * CID),
-                     pid + CID * nprog, T, NTC, H, Hg, K, V)
+            if TMA:
+                issue_kv(k_desc, v_desc, kv_ready.index(2 * CID), k_ring.index(2 * CID), v_ring.index(2 * CID),
+                         pid + CID * nprog, T, NTC, H, Hg, K, V)
+            else:
+                copy_kv(k, v, k_ring.index(2 * CID), v_ring.index(2 * CID), pid + CID * nprog, T, NTC, H, Hg, K, V)
     for j in range(CID, n_local, 2):
         i = (j - CID) // 2  # this partition's iteration count
         t = pid + j * nprog
@@ -396,19 +419,30 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
             mbarrier.arrive(empty.index(0), pred=last_of_group)
         else:
             if j + 2 < n_local:
-                # refill the slot of iteration i - 1 once its TMA stores have read
-                # it (its generic accesses were fenced before those stores, or
-                # after the masked stores of a partial chunk): no fence here, as
-                # a fence (MEMBAR.ALL.CTA) also waits for the gates' loads in flight
-                tma.store_wait(0)
                 sn = 2 * CID + (i + 1) % 2
-                issue_kv(k_desc, v_desc, kv_ready.index(sn), k_ring.index(sn), v_ring.index(sn),
-                         pid + (j + 2) * nprog, T, NTC, H, Hg, K, V)
+                if TMA:
+                    # refill the slot of iteration i - 1 once its TMA stores have read
+                    # it (its generic accesses were fenced before those stores, or
+                    # after the masked stores of a partial chunk): no fence here, as
+                    # a fence (MEMBAR.ALL.CTA) also waits for the gates' loads in flight
+                    tma.store_wait(0)
+                    issue_kv(k_desc, v_desc, kv_ready.index(sn), k_ring.index(sn), v_ring.index(sn),
+                             pid + (j + 2) * nprog, T, NTC, H, Hg, K, V)
+                else:  # every warp is past iteration i - 1's MMAs, which read the slot
+                    partition_barrier()
+                    copy_kv(k, v, k_ring.index(sn), v_ring.index(sn), pid + (j + 2) * nprog, T, NTC, H, Hg, K, V)
             i_h, i_tc0, bos = task_at(t, T, NTC, H)
             s2 = 2 * CID + i % 2
             mbarrier.wait(ready.index(0), (j // 4) & 1)
             a_op = a_ring.index(s).load(opA).to(gl.float32)
-            async_copy.wait_group(0)
+            if TMA:
+                async_copy.wait_group(0)  # this task's gates
+            else:  # this task's gates and k/v tiles, not the next one's k/v (the last group)
+                if j + 2 < n_local:
+                    async_copy.wait_group(1)
+                else:
+                    async_copy.wait_group(0)
+                fence_async_shared()  # cp.async's writes, then read by the warpgroup MMAs
             partition_barrier()
             mbarrier.arrive(empty.index(0), pred=last_of_group)
             b_beta = betas.index(2 * CID + i % 2).load(colL)
@@ -417,7 +451,8 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
             # go from shared memory to the MMA as loaded
             a_u = (a_op * b_beta[None, :]).to(gl.bfloat16)
             a_w = (a_op * (b_beta * gl.exp(b_g))[None, :]).to(gl.bfloat16)
-            mbarrier.wait(kv_ready.index(s2), (i // 2) & 1)
+            if TMA:
+                mbarrier.wait(kv_ready.index(s2), (i // 2) & 1)
             v0s = v_ring.index(s2).slice(0, BX, 1)
             v1s = v_ring.index(s2).slice(BX, BX, 1)
             k0s = k_ring.index(s2).slice(0, BX, 1)
@@ -427,7 +462,7 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
             u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False).to(gl.bfloat16)
             w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False).to(gl.bfloat16)
             w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False).to(gl.bfloat16)
-            if i_tc0 + BT <= T:
+            if TMA and i_tc0 + BT <= T:
                 # whole chunk: the results into the slot just read, then TMA stores
                 partition_barrier()
                 v0s.store(u0)
@@ -441,17 +476,19 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
                 tma.async_copy_shared_to_global(u_desc, [row, i_h * V + BX], v1s)
                 tma.async_copy_shared_to_global(w_desc, [row, i_h * K], k0s)
                 tma.async_copy_shared_to_global(w_desc, [row, i_h * K + BX], k1s)
-            else:  # the sequence's last, partial chunk: masked stores
+            else:  # the sequence's last, partial chunk (or no TMA): masked stores
                 store_tile(u, u0, T, bos, i_h, H, V, i_tc0, 0)
                 store_tile(u, u1, T, bos, i_h, H, V, i_tc0, BX)
                 store_tile(w, w0, T, bos, i_h, H, K, i_tc0, 0)
                 store_tile(w, w1, T, bos, i_h, H, K, i_tc0, BX)
-                partition_barrier()  # every warp is done with the k/v slot before it is refilled
-                fence_async_shared()
+                if TMA:
+                    partition_barrier()  # every warp is done with the k/v slot before it is refilled
+                    fence_async_shared()
             # the next task's gates (its buffer was read in iteration i - 1)
             copy_gates(g, beta, betas.index(2 * CID + (i + 1) % 2), gs_.index(2 * CID + (i + 1) % 2),
                        t + 2 * nprog, T, NTC, H, j + 2 < n_local)
-    tma.store_wait(0)
+    if TMA:
+        tma.store_wait(0)
 
 
 # ---------------------------------------------------------------- kernel
@@ -459,20 +496,31 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, e
 @gluon.jit
 def gdn_fwd_intra_gluon_kernel(k, v, g, beta, T, n_tasks, NTC, ROWS, w, u, A,
                                H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                               BUILDER_REGS: gl.constexpr, WU_REGS: gl.constexpr, MODE: gl.constexpr):
+                               BUILDER_REGS: gl.constexpr, WU_REGS: gl.constexpr, MODE: gl.constexpr,
+                               TMA: gl.constexpr):
     """``w [B, T, H, K]``, ``u [B, T, H, V]``, ``A [B, T, H, 64]`` (bfloat16) of
     ``k [B, T, Hg, K]``, ``v [B, T, H, V]`` (bfloat16), ``g``, ``beta [B, T, H]``
     (float32); ``n_tasks = B NTC H``, ``NTC = cdiv(T, 64)``, ``ROWS = B T``.
     ``BUILDER_REGS``, ``WU_REGS``: registers per thread of the builder and of
     the second w/u partition (the first gets what is left of the launch's
     ``maxnreg`` times three). ``MODE``: 0; 1 and 2 are ablations (the builders
-    alone, the w/u partitions alone; outputs not valid)."""
+    alone, the w/u partitions alone; outputs not valid). ``TMA=False``: the
+    w/u partitions copy k/v tiles by cp.async and store by register stores,
+    without TMA descriptors, so without global scratch (jaxlib allocates
+    that on every launch, which CUDA graphs refuse; written in session 16
+    after the device time, compiled for sm_90a, not yet run on a GPU)."""
     gl.static_assert((K == 128) & (V == 128))
     tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    k_desc = tma.make_tensor_descriptor(k, [ROWS, Hg * K], [Hg * K, 1], [BT, K], tile)
-    v_desc = tma.make_tensor_descriptor(v, [ROWS, H * V], [H * V, 1], [BT, V], tile)
-    w_desc = tma.make_tensor_descriptor(w, [ROWS, H * K], [H * K, 1], [BT, BX], tile)
-    u_desc = tma.make_tensor_descriptor(u, [ROWS, H * V], [H * V, 1], [BT, BX], tile)
+    if TMA:
+        k_desc = tma.make_tensor_descriptor(k, [ROWS, Hg * K], [Hg * K, 1], [BT, K], tile)
+        v_desc = tma.make_tensor_descriptor(v, [ROWS, H * V], [H * V, 1], [BT, V], tile)
+        w_desc = tma.make_tensor_descriptor(w, [ROWS, H * K], [H * K, 1], [BT, BX], tile)
+        u_desc = tma.make_tensor_descriptor(u, [ROWS, H * V], [H * V, 1], [BT, BX], tile)
+    else:  # unused
+        k_desc = k
+        v_desc = v
+        w_desc = w
+        u_desc = u
     # shared memory: 32 KB of A slots, 64 KB of key tiles, 4 x 32 KB of k/v slots,
     # gates and barriers: 226 of the H200's 227 KB
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
@@ -491,9 +539,9 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, T, n_tasks, NTC, ROWS, w, u, A,
     # (the argument tuples are written out in place: a tuple held in a variable
     # or built with + loses its constexprs)
     gl.warp_specialize([
-        (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring,
-                        v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 0)),
+        (wu_partition, (k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, ready, empty, k_ring,
+                        v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 0, TMA)),
         (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, H, Hg, K, MODE)),
-        (wu_partition, (k_desc, v_desc, w_desc, u_desc, g, beta, w, u, a_ring, ready, empty, k_ring,
-                        v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 1)),
+        (wu_partition, (k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, ready, empty, k_ring,
+                        v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 1, TMA)),
     ], [4, 4], [BUILDER_REGS, WU_REGS])

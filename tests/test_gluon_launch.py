@@ -73,22 +73,25 @@ def test_auto_is_told_whether_the_kernel_fits(monkeypatch, env):
     assert seen == [env is None, False, False, False]
 
 
-def test_kernel_compiles_for_sm90():
+@pytest.mark.parametrize("tma", [True, False])
+def test_kernel_compiles_for_sm90(tma):
     """The Gluon source through the installed triton's compiler and ptxas, for
     sm_90a: 12 warps (three partitions of 4), its shared memory within the
-    H200's 227 KB, TMA descriptors in global scratch."""
-    c = gluon_launch.compile_offline()
+    H200's 227 KB; TMA descriptors in global scratch as shipped, none with
+    ``TMA=False`` (cp.async and register stores; not yet run on a GPU)."""
+    c = gluon_launch.compile_offline(TMA=tma)
     assert c.metadata.num_warps == 12
     assert c.metadata.shared <= 232448
-    assert c.metadata.global_scratch_size > 0
+    assert (c.metadata.global_scratch_size > 0) == tma
     assert ".target sm_90a" in c.asm["ptx"]
     assert "setmaxnreg" in c.asm["ptx"] and "wgmma" in c.asm["ptx"]
+    assert ("cp.async.bulk.tensor" in c.asm["ptx"]) == tma
 
 
 def test_launch_args_one_cta_per_sm_at_most_one_per_task():
     grid, scalars, constexprs, maxnreg = gluon_launch.launch_args(8, 4096, 16, 32, 128, 128, 132)
     assert grid == (132,) and scalars == (4096, 8 * 64 * 32, 64, 8 * 4096)
-    assert constexprs == dict(H=32, Hg=16, K=128, V=128, MODE=0, BUILDER_REGS=216, WU_REGS=144)
+    assert constexprs == dict(H=32, Hg=16, K=128, V=128, MODE=0, TMA=True, BUILDER_REGS=216, WU_REGS=144)
     assert maxnreg == 168
     assert gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132)[0] == (3,)
     _, _, constexprs, maxnreg = gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132, MODE=1, maxnreg=160)
