@@ -45,6 +45,10 @@ CONFIGS = {
     # register splits (builders, second w/u partition); H200 session 16: 216/144
     # 0.380 ms, 224/144 0.390, 208/136 0.388, 208/144 0.435, 216/136 0.442, 216/152 0.443
     **{f"b{b}_c{c}": dict(BUILDER_REGS=b, WU_REGS=c) for b in (208, 216, 224, 232) for c in (136, 144, 152)},
+    # the same splits without TMA; ptxas spills under triton 3.6 (sm_90a, offline): 216/144 124
+    # bytes, 208/144 32, 216/152 40, 224/144 44, 208/136 80 (spills have not ranked the times)
+    **{f"no_tma_b{b}_c{c}": dict(TMA=False, BUILDER_REGS=b, WU_REGS=c)
+       for b in (208, 216, 224, 232) for c in (136, 144, 152)},
 }
 MODE_OF = lambda c: CONFIGS[c].get("MODE", 0)  # noqa: E731
 
