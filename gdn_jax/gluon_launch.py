@@ -28,10 +28,12 @@ import jax.numpy as jnp
 from .chunk_indices import cdiv
 
 # Registers per thread: the kernel (maxnreg; 12 warps x 168 fill the SM's
-# 64 K), the builder partition and the second w/u partition (the first gets
-# 3 x 168 - 216 - 144 = 144). Chosen on the H200 (session 16, headline shape,
-# torch do_bench): 216 / 144 gave 0.380 ms; 224 / 144 0.390; 208 / 136 0.388;
-# 208 / 144, 216 / 136 and 216 / 152 0.435 to 0.443 (ptxas spills differ).
+# 64 K), the builder partition and the second w/u partition (setmaxnreg; the
+# first w/u partition, the default one, gets what is left: 3 x 168 - 216 - 144
+# = 144, as session 15 read the compiled kernels).
+# Chosen on the H200 (session 16, headline shape, torch do_bench): 216 / 144
+# gave 0.380 ms; 224 / 144 0.390; 208 / 136 0.388; 208 / 144, 216 / 136 and
+# 216 / 152 0.435 to 0.443 (ptxas spills do not rank them).
 MAXNREG = 168
 REGS = dict(BUILDER_REGS=216, WU_REGS=144)
 WARPS = 4  # per partition; the launch has 12 (ttg.total-num-warps)
