@@ -14,7 +14,7 @@ builder partitions, plain loads, mma_v2 or asynchronous warpgroup MMAs in the
 w/u partitions, two groups of A slots, half-width key tiles, the builders'
 dots without the index permutation, gates loaded in the group, zero blocks
 written every group, results stored as each MMA ends) are in this file's
-history (commit 5d0f2c1 and before).
+history (commit 34fd239 and before).
 
 Prints ms per config beside the split path (fixed configs), the largest
 difference of ``w``, ``u``, ``A`` to the split path's outputs (B=2 T=1000
