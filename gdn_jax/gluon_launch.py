@@ -37,6 +37,11 @@ from .chunk_indices import cdiv
 MAXNREG = 168
 REGS = dict(BUILDER_REGS=216, WU_REGS=144)
 WARPS = 4  # per partition; the launch has 12 (ttg.total-num-warps)
+# The w/u partitions' copies: TMA loads and stores (run on the H200), whose
+# descriptors live in global scratch (jaxlib > 0.11.0, the XLA flag, T % 64,
+# int32 coordinates); or, False, cp.async loads and register stores, which
+# need none of these (compiled for sm_90a, not yet run on a GPU: NOTES Next 0a).
+TMA = True
 
 
 def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
@@ -50,10 +55,10 @@ def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
         return f"it takes bfloat16 k and v, got {k.dtype} and {v.dtype}"
     if K != 128 or V != 128:
         return f"it takes head dims K = V = 128, got K={K}, V={V}"
-    if T % 64:
+    if TMA and T % 64:
         return (f"it takes T a multiple of 64, got T={T} (a partial chunk's TMA loads read the next "
                 f"batch row, where a NaN would leak through 0 * NaN)")
-    if B * T >= 2**31:
+    if TMA and B * T >= 2**31:
         return f"it takes B * T < 2**31 rows (int32 TMA coordinates), got {B * T}"
     return None
 
@@ -78,6 +83,8 @@ def environment_missing() -> str | None:
         return f"it needs triton with Gluon and jax-triton >= 0.4: {e}"
     if not hasattr(getattr(triton_lib, "TritonFunction", None), "_compile_kernel"):
         return "it needs jax-triton >= 0.4 (Gluon launches)"
+    if not TMA:  # no descriptors, so no global scratch
+        return None
     jaxlib = tuple(int(x) for x in re.findall(r"\d+", importlib.metadata.version("jaxlib"))[:3])
     if jaxlib <= (0, 11, 0):
         return f"it needs jaxlib > 0.11.0 (global scratch for its TMA descriptors), got {jaxlib}"
@@ -128,7 +135,7 @@ def launch_args(B: int, T: int, Hg: int, H: int, K: int, V: int, n_sm: int, **ov
     NTC = cdiv(T, 64)
     n_tasks = B * NTC * H
     maxnreg = overrides.pop("maxnreg", MAXNREG)
-    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=True, **REGS)
+    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=TMA, **REGS)
     constexprs.update(overrides)
     return (min(n_tasks, n_sm), ), (T, n_tasks, NTC, B * T), constexprs, maxnreg
 

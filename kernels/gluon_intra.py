@@ -34,7 +34,7 @@ float32 ``g``, ``beta``; ``K = V = 128``; fixed length. The kernel handles a
 partial last chunk (masked stores), but its TMA loads of such a chunk read
 the next batch row's first rows, which meet only zero columns of ``A``: a
 NaN or Inf there would leak through ``0 * NaN``, so the launcher takes
-``T % 64 == 0`` only.
+``T % 64 == 0`` only (the ``TMA=False`` variant zero-fills those rows).
 
 Parameter order as jax-triton passes them: inputs, scalars (``ROWS`` = B T),
 outputs, constexprs. The TMA descriptors are made on the device (512 bytes of
