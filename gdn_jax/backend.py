@@ -15,6 +15,12 @@ def cuda_available() -> bool:
     return "rocm" not in version
 
 
+@functools.cache
+def compute_capability_major() -> int:
+    """The major compute capability of JAX's first device (an NVIDIA GPU)."""
+    return int(str(jax.devices()[0].compute_capability).split(".")[0])
+
+
 # Programs per launch up to which the one kernel beats the split path.
 ONE_KERNEL_MAX_PROGRAMS = 2048
 

@@ -25,6 +25,7 @@ import re
 import jax
 import jax.numpy as jnp
 
+from . import backend
 from .chunk_indices import cdiv
 
 # Registers per thread: the kernel (maxnreg; 12 warps x 168 fill the SM's
@@ -71,11 +72,10 @@ def environment_missing() -> str | None:
     which holds the kernel's TMA descriptors), and XLA told to keep custom
     calls out of CUDA graphs (:func:`command_buffers_take_custom_calls`).
     Read once per process."""
-    if jax.default_backend() != "gpu":
+    if not backend.cuda_available():
         return f"it needs an NVIDIA GPU, JAX runs on {jax.default_backend()!r}"
-    cc = str(getattr(jax.devices()[0], "compute_capability", ""))
-    if cc.split(".")[0] != "9":
-        return f"it needs a Hopper GPU (compute capability 9.x), got {cc or 'unknown'}"
+    if backend.compute_capability_major() != 9:
+        return f"it needs a Hopper GPU (compute capability 9.x), got {jax.devices()[0].compute_capability}"
     try:
         importlib.import_module(f"{__package__}.kernels.gluon_intra")
         triton_lib = importlib.import_module("jax_triton.triton_lib")

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .autotune import autotune_enabled, chosen_config, timing_allowed
+from .backend import compute_capability_major
 from .chunk_indices import cdiv
 from .validate import check_kernel_dtypes
 
@@ -84,8 +85,7 @@ def triton_call(*args, out, zeroed=False, **kwargs):
 @functools.cache
 def dot_precision() -> str:
     """``"tf32"`` on sm_80 and newer (the seed's ``is_tf32_supported``), else ``"ieee"``."""
-    major = int(str(jax.devices()[0].compute_capability).split(".")[0])
-    return "tf32" if major >= 8 else "ieee"
+    return "tf32" if compute_capability_major() >= 8 else "ieee"
 
 
 def _block(n: int, widest: int = 64) -> int:
