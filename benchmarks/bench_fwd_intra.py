@@ -623,7 +623,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
                 row[f"{col}_gpu_jax_over_torch_same_configs"] = (
                     row[f"{col}_gpu_ms"] / row[f"torch_{col}_jax_configs_do_bench_ms"])
     if with_jax:
-        for col in ("gluon", "split", "fused")[0 if "gluon" in cols else 1:]:
+        for col in [c for c in ("gluon", "split", "fused") if c in cols]:
             row[f"{col}_over_floor"] = row[f"{col}_steady_ms"] / row["floor_ms"]
             row[f"{col}_over_seed"] = row[f"{col}_steady_ms"] / row["seed_steady_ms"]
     return row
