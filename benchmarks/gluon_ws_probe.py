@@ -181,11 +181,8 @@ def main():
                 times[name].append(res["ms"])
     results["median_ms"] = {n: sorted(t)[len(t) // 2] for n, t in times.items() if t}
     if args.floor:  # the bench's floor (bytes / copy bandwidth) and each median over it
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from bench_fwd_intra import copy_bandwidth, floor_bytes
-
-        bw = copy_bandwidth()
-        results["floor_ms"] = floor_bytes(*headline) / bw * 1e3
+        bench = bench_module()
+        results["floor_ms"] = bench.floor_bytes(*headline) / bench.copy_bandwidth() * 1e3
         results["over_floor"] = {n: ms / results["floor_ms"] for n, ms in results["median_ms"].items()}
         print("floor_ms", results["floor_ms"], results["over_floor"], flush=True)
     json.dump(results, open(out, "w"), indent=1)
@@ -194,12 +191,21 @@ def main():
         step("jax_launch", lambda: jax_launch(k, v, g, beta))
 
 
+def bench_module():
+    """``benchmarks/bench_fwd_intra.py`` (its floor and timing), imported from
+    beside this file (``python3 -P`` leaves the script's folder off the path)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_fwd_intra
+
+    return bench_fwd_intra
+
+
 def jax_launch(k, v, g, beta, n=100, reps=5):
     """The torch and the JAX launch of the shipped kernel on the same inputs: the
-    largest output difference, and each launcher's time per call (wall clock
-    of ``n`` back-to-back calls, then a sync, over ``n``; median of ``reps``)."""
+    largest output difference, and each launcher's time per call (the bench's
+    ``wall_median``: ``n`` back-to-back calls, then a sync, over ``n``; median
+    of ``reps``)."""
     import functools
-    import time
 
     import jax
     import numpy as np
@@ -216,18 +222,12 @@ def jax_launch(k, v, g, beta, n=100, reps=5):
     diff = {name: float(np.max(np.abs(np.asarray(a, np.float32) - b.float().cpu().numpy())))
             for name, a, b in zip("wuA", got, ref)}
 
-    def per_call(call, sync):
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                last = call()
-            sync(last)
-            times.append((time.perf_counter() - t0) / n * 1e3)
-        return sorted(times)[reps // 2]
-
-    jax_ms = per_call(lambda: f(*args), jax.block_until_ready)
-    torch_ms = per_call(lambda: fwd_intra_gluon_torch(k, v, g, beta), lambda _: torch.cuda.synchronize())
+    wall_median = bench_module().wall_median
+    out = [got]
+    jax_ms = wall_median(lambda: out.__setitem__(0, f(*args)), lambda: jax.block_until_ready(out[0]),
+                         n_inner=n, reps=reps)
+    torch_ms = wall_median(lambda: fwd_intra_gluon_torch(k, v, g, beta), torch.cuda.synchronize,
+                           n_inner=n, reps=reps)
     return {"max_abs_diff_jax_vs_torch": diff, "jax_ms": jax_ms, "torch_ms": torch_ms,
             "jax_over_torch": jax_ms / torch_ms}
 
