@@ -35,22 +35,48 @@ from gdn_jax.gluon_launch import compile_offline
 CONFIGS = {
     # name: launch_args overrides
     "shipped": {},
-    "builders_only": dict(MODE=1),
-    "wu_only": dict(MODE=2),
-    # no TMA descriptors (cp.async k/v tiles, register stores): no global scratch,
-    # so no per-launch allocation under jaxlib (session 16, not yet run on a GPU)
-    "no_tma": dict(TMA=False),
-    "no_tma_builders_only": dict(TMA=False, MODE=1),
-    "no_tma_wu_only": dict(TMA=False, MODE=2),
+    # TMA loads and stores with descriptors made on the device (global scratch;
+    # shipped in session 16)
+    "tma": dict(TMA=True, TMA_STORE=True, HOST_DESC=False),
+    "tma_wu_only": dict(TMA=True, TMA_STORE=True, HOST_DESC=False, MODE=2),
+    # the same with descriptors made by the launcher (kernel parameters; session 17)
+    "host": dict(TMA=True, TMA_STORE=True, HOST_DESC=True),
+    "host_wu_only": dict(TMA=True, TMA_STORE=True, HOST_DESC=True, MODE=2),
+    # session 17: TMA loads, stores from registers (staged in shared memory or not),
+    # and cp.async loads with TMA stores (descriptors made on the device)
+    "tma_load_staged": dict(TMA=True, TMA_STORE=False, STAGED=True, HOST_DESC=False),
+    "tma_load_direct": dict(TMA=True, TMA_STORE=False, STAGED=False, HOST_DESC=False),
+    "tma_load_staged_wu_only": dict(TMA=True, TMA_STORE=False, STAGED=True, HOST_DESC=False, MODE=2),
+    **{f"tma_store_f{f}": dict(TMA=False, TMA_STORE=True, FENCE=f, HOST_DESC=False) for f in (0, 1, 2)},
+    # no TMA (cp.async k/v tiles, stores from the accumulators), as written in session 16
+    "no_tma": dict(TMA=False, TMA_STORE=False, STAGED=False, FENCE=0),
+    "no_tma_builders_only": dict(TMA=False, TMA_STORE=False, STAGED=False, FENCE=0, MODE=1),
+    "no_tma_wu_only": dict(TMA=False, TMA_STORE=False, STAGED=False, FENCE=0, MODE=2),
+    # session 17: where the cp.async copies are awaited and fenced, and results
+    # staged in shared memory for 16-byte stores (kernel docstring of wu_partition)
+    **{f"no_tma_f{f}{'_staged' * st}{'_wu_only' * wu}": dict(TMA=False, TMA_STORE=False, FENCE=f, STAGED=st,
+                                                                  **({"MODE": 2} if wu else {}))
+       for f in (0, 1, 2) for st in (False, True) for wu in (False, True)},
     # register splits (builders, second w/u partition); H200 session 16: 216/144
     # 0.380 ms, 224/144 0.390, 208/136 0.388, 208/144 0.435, 216/136 0.442, 216/152 0.443
-    **{f"b{b}_c{c}": dict(BUILDER_REGS=b, WU_REGS=c) for b in (208, 216, 224, 232) for c in (136, 144, 152)},
+    **{f"b{b}_c{c}": dict(TMA=True, TMA_STORE=True, BUILDER_REGS=b, WU_REGS=c)
+       for b in (208, 216, 224, 232) for c in (136, 144, 152)},
     # the same splits without TMA; ptxas spills under triton 3.6 (sm_90a, offline): 216/144 124
     # bytes, 208/144 32, 216/152 40, 224/144 44, 208/136 80 (spills have not ranked the times)
-    **{f"no_tma_b{b}_c{c}": dict(TMA=False, BUILDER_REGS=b, WU_REGS=c)
+    **{f"no_tma_b{b}_c{c}": dict(TMA=False, TMA_STORE=False, STAGED=False, FENCE=0,
+                                               BUILDER_REGS=b, WU_REGS=c)
        for b in (208, 216, 224, 232) for c in (136, 144, 152)},
 }
-MODE_OF = lambda c: CONFIGS[c].get("MODE", 0)  # noqa: E731
+
+
+def overrides(config):
+    """The ``launch_args`` overrides of ``config``: a name of :data:`CONFIGS`,
+    optionally followed by ``:KEY=INT`` items (``no_tma_f2:BUILDER_REGS=208``)."""
+    name, *items = config.split(":")
+    return {**CONFIGS[name], **{key: int(val) for key, val in (item.split("=") for item in items)}}
+
+
+MODE_OF = lambda c: overrides(c).get("MODE", 0)  # noqa: E731
 
 
 def offline_report(config, shape=(8, 4096, 16, 32, 128, 128)):
@@ -64,7 +90,7 @@ def offline_report(config, shape=(8, 4096, 16, 32, 128, 128)):
 
     import triton
 
-    c = compile_offline(*shape, **CONFIGS[config])
+    c = compile_offline(*shape, **overrides(config))
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
@@ -152,7 +178,7 @@ def main():
     def compare(shape, config):
         k, v, g, beta = inputs(*shape)
         ref = fwd_intra_torch(k, v, g, beta, autotune=False, path="split")
-        got = fwd_intra_gluon_torch(k, v, g, beta, **CONFIGS[config])
+        got = fwd_intra_gluon_torch(k, v, g, beta, **overrides(config))
         torch.cuda.synchronize()
         return {name: float((a.float() - b.float()).abs().max() / b.float().abs().max())
                 for name, a, b in zip("wuA", got, ref)}
@@ -160,7 +186,7 @@ def main():
     if args.profile:
         k, v, g, beta = inputs(8, 4096, 16, 32, 128, 128)
         for _ in range(3):
-            fwd_intra_gluon_torch(k, v, g, beta, **CONFIGS[args.profile])
+            fwd_intra_gluon_torch(k, v, g, beta, **overrides(args.profile))
         torch.cuda.synchronize()
         return 0
     configs = args.configs.split(",")
@@ -172,7 +198,7 @@ def main():
             step(f"compare_headline_{c}", lambda c=c: compare(headline, c))
     k, v, g, beta = inputs(*headline)
     calls = {"split": lambda: fwd_intra_torch(k, v, g, beta, autotune=False, path="split"),
-             **{c: (lambda c=c: fwd_intra_gluon_torch(k, v, g, beta, **CONFIGS[c])) for c in configs}}
+             **{c: (lambda c=c: fwd_intra_gluon_torch(k, v, g, beta, **overrides(c))) for c in configs}}
     times = {name: [] for name in calls}
     for r in range(args.rounds):
         for name, fn in calls.items():

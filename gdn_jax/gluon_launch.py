@@ -21,6 +21,7 @@ import importlib
 import importlib.metadata
 import os
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -38,11 +39,15 @@ from .chunk_indices import cdiv
 MAXNREG = 168
 REGS = dict(BUILDER_REGS=216, WU_REGS=144)
 WARPS = 4  # per partition; the launch has 12 (ttg.total-num-warps)
-# The w/u partitions' copies: TMA loads and stores (run on the H200), whose
-# descriptors live in global scratch (jaxlib > 0.11.0, the XLA flag, T % 64,
-# int32 coordinates); or, False, cp.async loads and register stores, which
-# need none of these (compiled for sm_90a, not yet run on a GPU: NOTES Next 0a).
+# The w/u partitions' copies: True, TMA loads and stores; False, cp.async
+# loads (rows past T zero-filled) and stores staged in shared memory, which
+# take any T but ran 0.41 against 0.38 ms (H200, session 17).
 TMA = True
+# Where the TMA descriptors are made: True, here (jax-triton TensorDescriptor
+# arguments, which jaxlib encodes on the host at each launch); False, on the
+# device, in global scratch (jaxlib > 0.11.0, and the XLA flag of
+# command_buffers_take_custom_calls).
+HOST_DESC = True
 
 
 def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
@@ -58,7 +63,7 @@ def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
         return f"it takes head dims K = V = 128, got K={K}, V={V}"
     if TMA and T % 64:
         return (f"it takes T a multiple of 64, got T={T} (a partial chunk's TMA loads read the next "
-                f"batch row, where a NaN would leak through 0 * NaN)")
+                f"batch row, where a NaN would leak through 0 * NaN, and its TMA stores write there)")
     if TMA and B * T >= 2**31:
         return f"it takes B * T < 2**31 rows (int32 TMA coordinates), got {B * T}"
     return None
@@ -83,7 +88,9 @@ def environment_missing() -> str | None:
         return f"it needs triton with Gluon and jax-triton >= 0.4: {e}"
     if not hasattr(getattr(triton_lib, "TritonFunction", None), "_compile_kernel"):
         return "it needs jax-triton >= 0.4 (Gluon launches)"
-    if not TMA:  # no descriptors, so no global scratch
+    if TMA and HOST_DESC and not hasattr(triton_lib.triton_kernel_call_lib, "create_tma_descriptor_parameter"):
+        return "it needs a jaxlib that passes TMA descriptors to Triton kernels (create_tma_descriptor_parameter)"
+    if not TMA or HOST_DESC:  # no descriptors made on the device, so no global scratch
         return None
     jaxlib = tuple(int(x) for x in re.findall(r"\d+", importlib.metadata.version("jaxlib"))[:3])
     if jaxlib <= (0, 11, 0):
@@ -135,7 +142,8 @@ def launch_args(B: int, T: int, Hg: int, H: int, K: int, V: int, n_sm: int, **ov
     NTC = cdiv(T, 64)
     n_tasks = B * NTC * H
     maxnreg = overrides.pop("maxnreg", MAXNREG)
-    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=TMA, **REGS)
+    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=TMA, TMA_STORE=TMA, STAGED=not TMA, FENCE=1,
+                      HOST_DESC=HOST_DESC, **REGS)
     constexprs.update(overrides)
     return (min(n_tasks, n_sm), ), (T, n_tasks, NTC, B * T), constexprs, maxnreg
 
@@ -197,11 +205,39 @@ def fwd_intra_gluon(k, v, g, beta):
     g = jnp.zeros((B, T, H), jnp.float32) if g is None else g.astype(jnp.float32)
     n_sm = getattr(jax.devices()[0], "core_count", 132)
     grid, scalars, constexprs, maxnreg = launch_args(B, T, Hg, H, K, V, n_sm)
-    out = (jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
-           jax.ShapeDtypeStruct((B, T, H, 64), k.dtype))
-    return jt.triton_call(k, v, g, beta.astype(jnp.float32), *scalars, kernel=gdn_fwd_intra_gluon_kernel,
-                          out_type=out, grid=grid, num_warps=WARPS, backend_options={"maxnreg": maxnreg},
-                          **constexprs)
+    A = jax.ShapeDtypeStruct((B, T, H, 64), k.dtype)
+    call = functools.partial(jt.triton_call, kernel=gdn_fwd_intra_gluon_kernel, grid=grid, num_warps=WARPS,
+                             backend_options={"maxnreg": maxnreg}, **constexprs)
+    inputs = (k, v, g, beta.astype(jnp.float32))
+    if not (constexprs["HOST_DESC"] and (constexprs["TMA"] or constexprs["TMA_STORE"])):
+        # descriptors (if any) made on the device: the *_desc parameters get k, v, k, v (unused)
+        out = (jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((B, T, H, V), v.dtype), A)
+        return call(*inputs, k, v, k, v, *scalars, out_type=out)
+    # TMA descriptors of 2D views, encoded by jaxlib at each launch; w and u are
+    # written only through theirs: uninitialized buffers (lax.empty) aliased to the
+    # outputs, and the kernel's w, u pointer parameters get k, v (unused without
+    # partial chunks)
+    tile = tile_layout()
+    w_buf, u_buf = jax.lax.empty((B * T, H * K), k.dtype), jax.lax.empty((B * T, H * V), v.dtype)
+    descs = [jt.TensorDescriptor.from_array(x, block, layout=tile) for x, block in
+             ((k.reshape(B * T, Hg * K), (64, K)), (v.reshape(B * T, H * V), (64, V)), (w_buf, (64, 64)),
+              (u_buf, (64, 64)))]
+    # A first: jaxlib hands the kernel's pointer parameters the operands' buffers
+    # and then the results' in order, aliased ones included (with w, u first, the
+    # A parameter got w's buffer: H200, session 17)
+    out = (A, jax.ShapeDtypeStruct(w_buf.shape, k.dtype), jax.ShapeDtypeStruct(u_buf.shape, v.dtype))
+    with warnings.catch_warnings():  # deprecated in jax-triton 0.4 for Refs, which descriptors do not take
+        warnings.simplefilter("ignore", DeprecationWarning)
+        A, w, u = call(*inputs, *descs, *scalars, k, v, out_type=out, input_output_aliases={6: 1, 7: 2})
+    return w.reshape(B, T, H, K), u.reshape(B, T, H, V), A
+
+
+def tile_layout():
+    """The shared-memory layout of the kernel's TMA tiles (its ``tile``), for
+    descriptors made by a launcher."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
 def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, **overrides):
@@ -216,8 +252,11 @@ def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, **
     from .kernels.gluon_intra import gdn_fwd_intra_gluon_kernel as fn
 
     _, _, constexprs, maxnreg = launch_args(B, T, Hg, H, K, V, 132, **overrides)
-    sig = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", T="i32", n_tasks="i32", NTC="i32", ROWS="i32",
-               w="*bf16", u="*bf16", A="*bf16")
+    host = constexprs["HOST_DESC"] and (constexprs["TMA"] or constexprs["TMA_STORE"])
+    desc = {n: f"tensordesc<bf16[64,{cols}],{tile_layout()!r}>" if host else "*bf16"
+            for n, cols in (("k_desc", K), ("v_desc", V), ("w_desc", 64), ("u_desc", 64))}
+    sig = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", **desc, T="i32", n_tasks="i32", NTC="i32",
+               ROWS="i32", w="*bf16", u="*bf16", A="*bf16")
     src = GluonASTSource(
         fn=fn, signature={**sig, **{n: "constexpr" for n in constexprs}},
         constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},

@@ -90,12 +90,14 @@ def fwd_intra_gluon_torch(k, v, g, beta, **overrides):
     """``(w, u, A)`` by the Gluon kernel (``kernels/gluon_intra.py``) on torch
     CUDA tensors: bfloat16 ``k``/``v`` with ``K = V = 128``, float32 ``g``
     and ``beta``, fixed length (:func:`gdn_jax.gluon_launch.input_mismatch`).
-    ``overrides`` as :func:`gdn_jax.gluon_launch.launch_args`. Sets Triton's
-    scratch allocator (the kernel makes its TMA descriptors in global scratch)."""
+    ``overrides`` as :func:`gdn_jax.gluon_launch.launch_args`. Makes the TMA
+    descriptors (``HOST_DESC``) or sets Triton's scratch allocator, where
+    the kernel makes them."""
     import torch
     import triton
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gluon_launch import WARPS, launch_args
+    from .gluon_launch import WARPS, launch_args, tile_layout
     from .kernels.gluon_intra import gdn_fwd_intra_gluon_kernel
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -106,6 +108,10 @@ def fwd_intra_gluon_torch(k, v, g, beta, **overrides):
     w = torch.empty(B, T, H, K, device=k.device, dtype=k.dtype)
     u = torch.empty(B, T, H, V, device=k.device, dtype=v.dtype)
     A = torch.empty(B, T, H, 64, device=k.device, dtype=k.dtype)
-    gdn_fwd_intra_gluon_kernel[grid](k, v, g, beta, *scalars, w, u, A, **constexprs, num_warps=WARPS,
+    descs = (k, v, w, u)  # unused pointers, or the kernel makes the descriptors from k, v, w, u
+    if constexprs["HOST_DESC"] and (constexprs["TMA"] or constexprs["TMA_STORE"]):
+        descs = [TensorDescriptor.from_tensor(x.view(B * T, -1), [64, cols], tile_layout())
+                 for x, cols in ((k, K), (v, V), (w, 64), (u, 64))]
+    gdn_fwd_intra_gluon_kernel[grid](k, v, g, beta, *descs, *scalars, w, u, A, **constexprs, num_warps=WARPS,
                                      maxnreg=maxnreg)
     return w, u, A

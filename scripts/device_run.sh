@@ -3,7 +3,7 @@
 # into /tmp (no registry there), then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
 #   phases: info | test-fixed | test-tuned | test-gluon | test-slow | bench | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
-# Carry: .whl (jt03/, jt04/ wheels) and .shim (the triton36 sitecustomize).
+# Carry: .whl (jt03/, jt04/ wheels). Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
 set -uo pipefail
 JT=$1; shift
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,7 +15,7 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index --targe
   echo "pip install of the package failed (see install.log); using a copy"; tail -3 "$OUT/install.log"
   rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r gdn_jax /tmp/pkg/ && cp -r kernels /tmp/pkg/gdn_jax/kernels
 fi
-SHIM=""; [ "$JT" = 04 ] && SHIM=:$PWD/.shim
+SHIM=""; [ "$JT" = 04 ] && SHIM=:$PWD/scripts/triton36_shim
 export PYTHONPATH=/tmp/jt$JT$SHIM:/tmp/pkg
 for phase in "$@"; do
   case $phase in
@@ -27,8 +27,9 @@ for phase in "$@"; do
     # alone. Each phase takes minutes: run each in its own device call.
     test-fixed) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
     test-tuned) python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12;;
-    # impl="gluon" (jax-triton 0.4: run under 04; the XLA flag it needs, Known issues)
-    test-gluon) XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" python3 -P -m pytest -q -rfs -p no:cacheprovider tests/test_gluon_gpu.py tests/test_gluon_launch.py 2>&1 | tee "$OUT/test_gluon_jt$JT.log" | tail -12;;
+    # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags (the TMA=True
+    # variant needs --xla_gpu_enable_command_buffer=, Known issues)
+    test-gluon) python3 -P -m pytest -q -rfs -n 8 -p no:cacheprovider tests/test_gluon_gpu.py tests/test_gluon_launch.py 2>&1 | tee "$OUT/test_gluon_jt$JT.log" | tail -12;;
     test-slow) python3 -P -m pytest -q -rfs -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;
     # the table (JSON written after every shape), then the T sweep for the chart
     bench) python3 -P benchmarks/bench_fwd_intra.py --out "$OUT" 2>&1 | tee "$OUT/bench_jt$JT.log" | tail -12;;

@@ -19,11 +19,12 @@ def fitting(B=2, T=128, Hg=2, H=4, seed=0):
     (dict(dtype="float16"), "it takes bfloat16 k and v, got float16 and float16"),
     (dict(K=64), "it takes head dims K = V = 128, got K=64, V=128"),
     (dict(V=256), "it takes head dims K = V = 128, got K=128, V=256"),
-    (dict(T=1000), "it takes T a multiple of 64, got T=1000"),
-    (dict(T=1), "it takes T a multiple of 64, got T=1"),
+    (dict(T=1000, tma=True), "it takes T a multiple of 64, got T=1000"),
+    (dict(T=1, tma=True), "it takes T a multiple of 64, got T=1"),
     (dict(cu=True), "it takes fixed-length batches, got cu_seqlens"),
 ])
-def test_input_mismatch_names_what_does_not_fit(change, reason):
+def test_input_mismatch_names_what_does_not_fit(change, reason, monkeypatch):
+    monkeypatch.setattr(gluon_launch, "TMA", change.get("tma", gluon_launch.TMA))
     shape = dict(B=1, T=128, Hg=2, H=4, K=128, V=128)
     shape.update({n: x for n, x in change.items() if n in shape})
     k, v, g, beta = make_inputs(1, *shape.values(), change.get("dtype", "bfloat16"))
@@ -32,8 +33,8 @@ def test_input_mismatch_names_what_does_not_fit(change, reason):
 
 
 def test_without_tma_partial_chunks_fit(monkeypatch):
-    """The kernel's cp.async variant (``gluon_launch.TMA = False``, not yet
-    the default) zero-fills rows past T, so it takes any T; launches pass it."""
+    """The kernel's cp.async variant (``gluon_launch.TMA = False``)
+    zero-fills rows past T, so it takes any T; launches pass it."""
     monkeypatch.setattr(gluon_launch, "TMA", False)
     for T in (1, 63, 1000):
         assert gluon_launch.input_mismatch(*make_inputs(6, 2, T, 2, 4, 128, 128, "bfloat16"), None) is None
@@ -61,6 +62,7 @@ def test_impl_gluon_errors_say_why(monkeypatch):
                                            r"use impl='split'"):
         gdn_jax.fwd_intra(*fitting(), impl="gluon")
     monkeypatch.setattr(gluon_launch, "environment_missing", lambda: None)
+    monkeypatch.setattr(gluon_launch, "TMA", True)
     k, v, g, beta = make_inputs(3, 2, 1000, 2, 4, 128, 128, "bfloat16")
     with pytest.raises(ValueError, match=r"impl='gluon' \(the warp-specialized kernel\) it takes T a multiple "
                                          r"of 64, got T=1000 .*; use impl='split'"):
@@ -77,30 +79,39 @@ def test_auto_is_told_whether_the_kernel_fits(monkeypatch, env):
                         lambda op, impl, programs, gluon: seen.append(gluon) or "reference")
     gdn_jax.fwd_intra(*fitting())
     gdn_jax.fwd_intra(*make_inputs(4, 2, 128, 2, 4, 128, 128, "float32"))
-    gdn_jax.fwd_intra(*make_inputs(5, 2, 100, 2, 4, 128, 128, "bfloat16"))
+    gdn_jax.fwd_intra(*make_inputs(5, 2, 100, 2, 4, 128, 128, "bfloat16"))  # a partial chunk
+    gdn_jax.fwd_intra(*make_inputs(5, 2, 128, 2, 4, 64, 128, "bfloat16"))
     gdn_jax.fwd_intra(*fitting(), impl="split")
-    assert seen == [env is None, False, False, False]
+    assert seen == [env is None, False, env is None and not gluon_launch.TMA, False, False]
 
 
-@pytest.mark.parametrize("tma", [True, False])
-def test_kernel_compiles_for_sm90(tma):
+@pytest.mark.parametrize("variant,overrides", [
+    ("host descriptors", dict(TMA=True, TMA_STORE=True, HOST_DESC=True)),
+    ("device descriptors", dict(TMA=True, TMA_STORE=True, HOST_DESC=False)),
+    ("no TMA", dict(TMA=False, TMA_STORE=False, STAGED=True)),
+])
+def test_kernel_compiles_for_sm90(variant, overrides):
     """The Gluon source through the installed triton's compiler and ptxas, for
     sm_90a: 12 warps (three partitions of 4), its shared memory within the
-    H200's 227 KB; TMA descriptors in global scratch as shipped, none with
-    ``TMA=False`` (cp.async and register stores; not yet run on a GPU)."""
-    c = gluon_launch.compile_offline(TMA=tma)
+    H200's 227 KB; TMA copies with the four descriptors as kernel parameters
+    (shipped) or made in global scratch, or none (cp.async and stores from
+    registers)."""
+    c = gluon_launch.compile_offline(**overrides)
     assert c.metadata.num_warps == 12
     assert c.metadata.shared <= 232448
-    assert (c.metadata.global_scratch_size > 0) == tma
+    assert (c.metadata.global_scratch_size > 0) == (variant == "device descriptors")
+    assert len(c.metadata.tensordesc_meta or ()) == (4 if variant == "host descriptors" else 0)
     assert ".target sm_90a" in c.asm["ptx"]
     assert "setmaxnreg" in c.asm["ptx"] and "wgmma" in c.asm["ptx"]
-    assert ("cp.async.bulk.tensor" in c.asm["ptx"]) == tma
+    assert ("cp.async.bulk.tensor" in c.asm["ptx"]) == (variant != "no TMA")
 
 
 def test_launch_args_one_cta_per_sm_at_most_one_per_task():
     grid, scalars, constexprs, maxnreg = gluon_launch.launch_args(8, 4096, 16, 32, 128, 128, 132)
     assert grid == (132,) and scalars == (4096, 8 * 64 * 32, 64, 8 * 4096)
-    assert constexprs == dict(H=32, Hg=16, K=128, V=128, MODE=0, TMA=True, BUILDER_REGS=216, WU_REGS=144)
+    tma = gluon_launch.TMA
+    assert constexprs == dict(H=32, Hg=16, K=128, V=128, MODE=0, TMA=tma, TMA_STORE=tma, STAGED=not tma, FENCE=1,
+                              HOST_DESC=gluon_launch.HOST_DESC, BUILDER_REGS=216, WU_REGS=144)
     assert maxnreg == 168
     assert gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132)[0] == (3,)
     _, _, constexprs, maxnreg = gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132, MODE=1, maxnreg=160)
