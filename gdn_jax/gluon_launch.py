@@ -3,14 +3,17 @@
 
 The kernel runs on Hopper (compute capability 9.x: warpgroup MMA, TMA,
 ``setmaxnreg``) and takes one case, the headline's: fixed-length
-bfloat16 ``k``/``v`` with ``K = V = 128`` and ``T`` a multiple of 64 (its
-module docstring says why). :func:`input_mismatch` and
+bfloat16 ``k``/``v`` with ``K = V = 128`` and ``T`` a multiple of 64
+(:func:`input_mismatch` says why). :func:`input_mismatch` and
 :func:`environment_missing` say why a call cannot take it; ``impl="auto"``
 then runs the split path.
 
 jax-triton 0.4.1 launches Gluon kernels, with two faults this module
-mends (:func:`compile_gluon_as_triton_does`). A third it cannot mend: the
-kernel's per-launch scratch breaks XLA's CUDA graphs, so the path needs
+mends (:func:`compile_gluon_as_triton_does`). The kernel's TMA descriptors
+are made here, as jax-triton ``TensorDescriptor`` arguments that jaxlib
+encodes per launch (:func:`fwd_intra_gluon`); made on the device instead
+(``HOST_DESC = False``, session 16) they live in global scratch, which
+jaxlib allocates per launch and which breaks XLA's CUDA graphs without
 ``XLA_FLAGS=--xla_gpu_enable_command_buffer=``
 (:func:`command_buffers_take_custom_calls`).
 """
@@ -73,10 +76,11 @@ def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
 def environment_missing() -> str | None:
     """Why this machine cannot run the Gluon kernel from JAX, or None:
     it needs a compute capability 9.x GPU, a triton with Gluon's Hopper ops,
-    jax-triton >= 0.4 (Gluon launches), jaxlib > 0.11.0 (global scratch,
-    which holds the kernel's TMA descriptors), and XLA told to keep custom
-    calls out of CUDA graphs (:func:`command_buffers_take_custom_calls`).
-    Read once per process."""
+    jax-triton >= 0.4 (Gluon launches) and a jaxlib that passes TMA
+    descriptors to Triton kernels. With descriptors made on the device
+    (``HOST_DESC = False``) instead: jaxlib > 0.11.0 (global scratch) and XLA
+    told to keep custom calls out of CUDA graphs
+    (:func:`command_buffers_take_custom_calls`). Read once per process."""
     if not backend.cuda_available():
         return f"it needs an NVIDIA GPU, JAX runs on {jax.default_backend()!r}"
     if backend.compute_capability_major() != 9:

@@ -40,8 +40,8 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
         ``"split"`` where it runs (below); else ``"reference"``.
         ``"gluon"``, the warp-specialized Gluon kernel
         (``kernels/gluon_intra.py``: the split path's math in one launch, both
-        stages at once on every SM), for Hopper GPUs, jax-triton >= 0.4 and
-        jaxlib > 0.11.0, on fixed-length bfloat16 ``k``/``v`` with ``K = V =
+        stages at once on every SM), for Hopper GPUs and jax-triton >= 0.4,
+        on fixed-length bfloat16 ``k``/``v`` with ``K = V =
         128`` and ``T % 64 == 0`` (other inputs raise ValueError; ``"auto"``
         runs ``"split"`` for them). ``"triton"``, the one-kernel
         Triton path (``kernels/fused_intra.py``); ``"split"``, that path's

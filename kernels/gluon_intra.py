@@ -36,10 +36,14 @@ the next batch row's first rows, which meet only zero columns of ``A``: a
 NaN or Inf there would leak through ``0 * NaN``, so the launcher takes
 ``T % 64 == 0`` only (the ``TMA=False`` variant zero-fills those rows).
 
-Parameter order as jax-triton passes them: inputs, scalars (``ROWS`` = B T),
-outputs, constexprs. The TMA descriptors are made on the device (512 bytes of
-global scratch per CTA: ``triton.set_allocator`` under torch, jax-triton 0.4
-with jaxlib > 0.11.0 under JAX).
+Parameter order as jax-triton passes them: inputs, the four TMA
+descriptors, scalars (``ROWS`` = B T), outputs, constexprs. The descriptors
+are made by the launcher (``HOST_DESC``: kernel parameters; jax-triton's
+``TensorDescriptor``, which jaxlib encodes per launch) or here on the device
+(512 bytes of global scratch per CTA, which jaxlib allocates per launch and
+XLA's CUDA graphs refuse; session 16). ``TMA=False`` is a variant without
+descriptors (cp.async loads, stores staged in shared memory: any ``T``,
+0.41 against 0.38 ms at the headline, session 17).
 
 Triton 3.6 (the GPU machine's) and 3.8 compile it; 3.8 renamed
 ``gl.thread_barrier`` to ``gl.barrier`` (``partition_barrier`` below).

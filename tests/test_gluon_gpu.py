@@ -1,8 +1,8 @@
 """``impl="gluon"`` (the warp-specialized Gluon kernel) on a Hopper GPU
 against the float64 NumPy reference at SPEC.md's tolerances and the jnp
 reference (``test_gpu.check``), the split path, and ``impl="auto"``. Skipped
-where the kernel cannot run (no Hopper GPU, jax-triton < 0.4, jaxlib <=
-0.11.0: the skip reason says which)."""
+where the kernel cannot run (no Hopper GPU, jax-triton < 0.4, a jaxlib
+without TMA descriptor parameters: the skip reason says which)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
