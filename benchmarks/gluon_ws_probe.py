@@ -14,7 +14,9 @@ builder partitions, plain loads, mma_v2 or asynchronous warpgroup MMAs in the
 w/u partitions, two groups of A slots, half-width key tiles, the builders'
 dots without the index permutation, gates loaded in the group, zero blocks
 written every group, results stored as each MMA ends) are in this file's
-history (commit 34fd239 and before).
+history (commit 34fd239 and before); session 17's (TMA descriptors made on
+the device, TMA for loads or stores only, cp.async awaited at other points,
+results stored from the accumulators without TMA) in commit 982d29a.
 
 Prints ms per config beside the split path (fixed configs), the largest
 difference of ``w``, ``u``, ``A`` to the split path's outputs (B=2 T=1000
@@ -35,43 +37,23 @@ from gdn_jax.gluon_launch import compile_offline
 CONFIGS = {
     # name: launch_args overrides
     "shipped": {},
-    # TMA loads and stores with descriptors made on the device (global scratch;
-    # shipped in session 16)
-    "tma": dict(TMA=True, TMA_STORE=True, HOST_DESC=False),
-    "tma_wu_only": dict(TMA=True, TMA_STORE=True, HOST_DESC=False, MODE=2),
-    # the same with descriptors made by the launcher (kernel parameters; session 17)
-    "host": dict(TMA=True, TMA_STORE=True, HOST_DESC=True),
-    "host_wu_only": dict(TMA=True, TMA_STORE=True, HOST_DESC=True, MODE=2),
-    # session 17: TMA loads, stores from registers (staged in shared memory or not),
-    # and cp.async loads with TMA stores (descriptors made on the device)
-    "tma_load_staged": dict(TMA=True, TMA_STORE=False, STAGED=True, HOST_DESC=False),
-    "tma_load_direct": dict(TMA=True, TMA_STORE=False, STAGED=False, HOST_DESC=False),
-    "tma_load_staged_wu_only": dict(TMA=True, TMA_STORE=False, STAGED=True, HOST_DESC=False, MODE=2),
-    **{f"tma_store_f{f}": dict(TMA=False, TMA_STORE=True, FENCE=f, HOST_DESC=False) for f in (0, 1, 2)},
-    # no TMA (cp.async k/v tiles, stores from the accumulators), as written in session 16
-    "no_tma": dict(TMA=False, TMA_STORE=False, STAGED=False, FENCE=0),
-    "no_tma_builders_only": dict(TMA=False, TMA_STORE=False, STAGED=False, FENCE=0, MODE=1),
-    "no_tma_wu_only": dict(TMA=False, TMA_STORE=False, STAGED=False, FENCE=0, MODE=2),
-    # session 17: where the cp.async copies are awaited and fenced, and results
-    # staged in shared memory for 16-byte stores (kernel docstring of wu_partition)
-    **{f"no_tma_f{f}{'_staged' * st}{'_wu_only' * wu}": dict(TMA=False, TMA_STORE=False, FENCE=f, STAGED=st,
-                                                                  **({"MODE": 2} if wu else {}))
-       for f in (0, 1, 2) for st in (False, True) for wu in (False, True)},
-    # register splits (builders, second w/u partition); H200 session 16: 216/144
-    # 0.380 ms, 224/144 0.390, 208/136 0.388, 208/144 0.435, 216/136 0.442, 216/152 0.443
-    **{f"b{b}_c{c}": dict(TMA=True, TMA_STORE=True, BUILDER_REGS=b, WU_REGS=c)
-       for b in (208, 216, 224, 232) for c in (136, 144, 152)},
-    # the same splits without TMA; ptxas spills under triton 3.6 (sm_90a, offline): 216/144 124
-    # bytes, 208/144 32, 216/152 40, 224/144 44, 208/136 80 (spills have not ranked the times)
-    **{f"no_tma_b{b}_c{c}": dict(TMA=False, TMA_STORE=False, STAGED=False, FENCE=0,
-                                               BUILDER_REGS=b, WU_REGS=c)
-       for b in (208, 216, 224, 232) for c in (136, 144, 152)},
+    "builders_only": dict(MODE=1),
+    "wu_only": dict(MODE=2),
+    # no TMA: cp.async k/v tiles, awaited at the iteration's start, results staged in
+    # shared memory for 16-byte stores (session 17, H200: 0.415 to 0.423 ms against 0.381)
+    "no_tma": dict(TMA=False),
+    "no_tma_builders_only": dict(TMA=False, MODE=1),
+    "no_tma_wu_only": dict(TMA=False, MODE=2),
+    # register splits (builders, second w/u partition); H200 session 17: 216/144 0.378 ms,
+    # 208/136 0.378, 224/144 0.384, 224/136 0.388, 232/144 0.391, 208/144 0.438, 216/136 0.436,
+    # 216/152 0.439 (ptxas spills do not rank them)
+    **{f"b{b}_c{c}": dict(BUILDER_REGS=b, WU_REGS=c) for b in (208, 216, 224, 232) for c in (136, 144, 152)},
 }
 
 
 def overrides(config):
     """The ``launch_args`` overrides of ``config``: a name of :data:`CONFIGS`,
-    optionally followed by ``:KEY=INT`` items (``no_tma_f2:BUILDER_REGS=208``)."""
+    optionally followed by ``:KEY=INT`` items (``no_tma:BUILDER_REGS=208``)."""
     name, *items = config.split(":")
     return {**CONFIGS[name], **{key: int(val) for key, val in (item.split("=") for item in items)}}
 

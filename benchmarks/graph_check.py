@@ -1,28 +1,20 @@
 """GPU machine: ten ``fwd_intra`` calls chained in one ``jax.jit`` (XLA may
-run such a sequence as a CUDA graph, a command buffer), per path and launch
-option; prints ok or the error. ``python3 benchmarks/graph_check.py MODE [BxT]``,
-MODE one of split, gluon, gluon_side_effect (the launch marked
-``has_side_effect``), gluon_no_command_buffer (XLA_FLAGS set below); BxT also
-runs the bench's chain of launches (``gdn_jax.autotune.repeated``) at that size."""
+run such a sequence as a CUDA graph, a command buffer), per path; prints ok
+or the error. ``python3 benchmarks/graph_check.py IMPL [BxT]``, IMPL split
+or gluon; BxT also runs the bench's chain of launches
+(``gdn_jax.autotune.repeated``) at that size. Session 16's Gluon launch
+(TMA descriptors in global scratch, allocated per launch by jaxlib) failed
+here without ``XLA_FLAGS=--xla_gpu_enable_command_buffer=``; session 17's
+runs (``results/s17_6_graph_check_host_desc.log``)."""
 import os
 import sys
 
-mode = sys.argv[1]
-if mode == "gluon_no_command_buffer":
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
+import jax
+import jax.numpy as jnp
 
-import functools  # noqa: E402
+import gdn_jax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-import gdn_jax  # noqa: E402
-
-if mode == "gluon_side_effect":
-    import jax_triton as jt
-
-    jt.triton_call = functools.partial(jt.triton_call, has_side_effect=True)
-impl = "split" if mode == "split" else "gluon"
+impl = sys.argv[1]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fwd_intra import make_inputs  # noqa: E402
 
@@ -33,9 +25,9 @@ def attempt(label, fn):
     try:
         for _ in range(3):
             res = jax.block_until_ready(fn())
-        print(mode, label, "ok", jnp.ravel(jnp.stack(jax.tree.leaves(res)))[:3], flush=True)
+        print(impl, label, "ok", jnp.ravel(jnp.stack(jax.tree.leaves(res)))[:3], flush=True)
     except Exception as e:  # noqa: BLE001
-        print(mode, label, "error", repr(e)[:300], flush=True)
+        print(impl, label, "error", repr(e)[:300], flush=True)
 
 
 @jax.jit

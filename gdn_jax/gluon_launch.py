@@ -11,18 +11,14 @@ then runs the split path.
 jax-triton 0.4.1 launches Gluon kernels, with two faults this module
 mends (:func:`compile_gluon_as_triton_does`). The kernel's TMA descriptors
 are made here, as jax-triton ``TensorDescriptor`` arguments that jaxlib
-encodes per launch (:func:`fwd_intra_gluon`); made on the device instead
-(``HOST_DESC = False``, session 16) they live in global scratch, which
-jaxlib allocates per launch and which breaks XLA's CUDA graphs without
-``XLA_FLAGS=--xla_gpu_enable_command_buffer=``
-(:func:`command_buffers_take_custom_calls`).
+encodes per launch (:func:`fwd_intra_gluon`). Made on the device (session
+16) they lived in global scratch, which jaxlib allocates per launch and
+which broke XLA's CUDA graphs without an XLA flag.
 """
 from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
-import os
 import re
 import warnings
 
@@ -42,15 +38,10 @@ from .chunk_indices import cdiv
 MAXNREG = 168
 REGS = dict(BUILDER_REGS=216, WU_REGS=144)
 WARPS = 4  # per partition; the launch has 12 (ttg.total-num-warps)
-# The w/u partitions' copies: True, TMA loads and stores; False, cp.async
-# loads (rows past T zero-filled) and stores staged in shared memory, which
-# take any T but ran 0.41 against 0.38 ms (H200, session 17).
+# The w/u partitions' copies: True, TMA loads and stores (descriptors made
+# here); False, cp.async loads (rows past T zero-filled) and stores staged in
+# shared memory, which take any T but ran 0.41 against 0.38 ms (H200, session 17).
 TMA = True
-# Where the TMA descriptors are made: True, here (jax-triton TensorDescriptor
-# arguments, which jaxlib encodes on the host at each launch); False, on the
-# device, in global scratch (jaxlib > 0.11.0, and the XLA flag of
-# command_buffers_take_custom_calls).
-HOST_DESC = True
 
 
 def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
@@ -76,11 +67,8 @@ def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
 def environment_missing() -> str | None:
     """Why this machine cannot run the Gluon kernel from JAX, or None:
     it needs a compute capability 9.x GPU, a triton with Gluon's Hopper ops,
-    jax-triton >= 0.4 (Gluon launches) and a jaxlib that passes TMA
-    descriptors to Triton kernels. With descriptors made on the device
-    (``HOST_DESC = False``) instead: jaxlib > 0.11.0 (global scratch) and XLA
-    told to keep custom calls out of CUDA graphs
-    (:func:`command_buffers_take_custom_calls`). Read once per process."""
+    jax-triton >= 0.4 (Gluon launches) and, with ``TMA``, a jaxlib that
+    passes TMA descriptors to Triton kernels. Read once per process."""
     if not backend.cuda_available():
         return f"it needs an NVIDIA GPU, JAX runs on {jax.default_backend()!r}"
     if backend.compute_capability_major() != 9:
@@ -92,32 +80,9 @@ def environment_missing() -> str | None:
         return f"it needs triton with Gluon and jax-triton >= 0.4: {e}"
     if not hasattr(getattr(triton_lib, "TritonFunction", None), "_compile_kernel"):
         return "it needs jax-triton >= 0.4 (Gluon launches)"
-    if TMA and HOST_DESC and not hasattr(triton_lib.triton_kernel_call_lib, "create_tma_descriptor_parameter"):
+    if TMA and not hasattr(triton_lib.triton_kernel_call_lib, "create_tma_descriptor_parameter"):
         return "it needs a jaxlib that passes TMA descriptors to Triton kernels (create_tma_descriptor_parameter)"
-    if not TMA or HOST_DESC:  # no descriptors made on the device, so no global scratch
-        return None
-    jaxlib = tuple(int(x) for x in re.findall(r"\d+", importlib.metadata.version("jaxlib"))[:3])
-    if jaxlib <= (0, 11, 0):
-        return f"it needs jaxlib > 0.11.0 (global scratch for its TMA descriptors), got {jaxlib}"
-    return command_buffers_take_custom_calls(os.environ.get("XLA_FLAGS", ""))
-
-
-def command_buffers_take_custom_calls(xla_flags: str) -> str | None:
-    """Why the kernel cannot run under these XLA flags, or None. jaxlib
-    allocates a Triton kernel's global scratch (here: its TMA descriptors)
-    on every launch with ``cuMemAllocAsync``; when XLA records the launch
-    into a CUDA graph (a command buffer: from the second execution of a
-    jitted function with several launches), that allocation cannot enter the
-    graph and the call fails with CUDA_ERROR_NOT_SUPPORTED (H200, jaxlib
-    0.11.2, session 16, ``benchmarks/graph_check.py``). XLA leaves custom
-    calls out of command buffers under ``--xla_gpu_enable_command_buffer=``
-    (empty, or a list of types without CUSTOM_CALL)."""
-    flag = re.findall(r"--xla_gpu_enable_command_buffer=(\S*)", xla_flags)
-    if flag and "CUSTOM_CALL" not in flag[-1].upper().split(","):
-        return None
-    return ("XLA may record it into a CUDA graph (command buffer), where jaxlib's per-launch scratch "
-            "allocation fails; set XLA_FLAGS=--xla_gpu_enable_command_buffer= (or a list of command "
-            "types without CUSTOM_CALL) before JAX starts")
+    return None
 
 
 def gluon_fits(k, v, g, beta, cu_seqlens) -> bool:
@@ -146,8 +111,7 @@ def launch_args(B: int, T: int, Hg: int, H: int, K: int, V: int, n_sm: int, **ov
     NTC = cdiv(T, 64)
     n_tasks = B * NTC * H
     maxnreg = overrides.pop("maxnreg", MAXNREG)
-    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=TMA, TMA_STORE=TMA, STAGED=not TMA, FENCE=1,
-                      HOST_DESC=HOST_DESC, **REGS)
+    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=TMA, **REGS)
     constexprs.update(overrides)
     return (min(n_tasks, n_sm), ), (T, n_tasks, NTC, B * T), constexprs, maxnreg
 
@@ -213,27 +177,30 @@ def fwd_intra_gluon(k, v, g, beta):
     call = functools.partial(jt.triton_call, kernel=gdn_fwd_intra_gluon_kernel, grid=grid, num_warps=WARPS,
                              backend_options={"maxnreg": maxnreg}, **constexprs)
     inputs = (k, v, g, beta.astype(jnp.float32))
-    if not (constexprs["HOST_DESC"] and (constexprs["TMA"] or constexprs["TMA_STORE"])):
-        # descriptors (if any) made on the device: the *_desc parameters get k, v, k, v (unused)
-        out = (jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((B, T, H, V), v.dtype), A)
-        return call(*inputs, k, v, k, v, *scalars, out_type=out)
-    # TMA descriptors of 2D views, encoded by jaxlib at each launch; w and u are
-    # written only through theirs: uninitialized buffers (lax.empty) aliased to the
-    # outputs, and the kernel's w, u pointer parameters get k, v (unused without
-    # partial chunks)
+    w_type, u_type = jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((B, T, H, V), v.dtype)
+    if not constexprs["TMA"]:  # no descriptors: the *_desc parameters get k, v, k, v (unused)
+        return call(*inputs, k, v, k, v, *scalars, out_type=(w_type, u_type, A))
+    # TMA descriptors of 2D views, encoded by jaxlib at each launch. w and u are
+    # written through theirs only: uninitialized buffers (lax.empty, no fill)
+    # aliased to the outputs; the kernel's w, u pointer parameters get k, v
+    # (used only by partial chunks, which input_mismatch excludes).
     tile = tile_layout()
     w_buf, u_buf = jax.lax.empty((B * T, H * K), k.dtype), jax.lax.empty((B * T, H * V), v.dtype)
-    descs = [jt.TensorDescriptor.from_array(x, block, layout=tile) for x, block in
-             ((k.reshape(B * T, Hg * K), (64, K)), (v.reshape(B * T, H * V), (64, V)), (w_buf, (64, 64)),
-              (u_buf, (64, 64)))]
-    # A first: jaxlib hands the kernel's pointer parameters the operands' buffers
-    # and then the results' in order, aliased ones included (with w, u first, the
-    # A parameter got w's buffer: H200, session 17)
+    descs = dict(k_desc=(k.reshape(B * T, Hg * K), K), v_desc=(v.reshape(B * T, H * V), V), w_desc=(w_buf, 64),
+                 u_desc=(u_buf, 64))
+    descs = {n: jt.TensorDescriptor.from_array(x, (64, cols), layout=tile) for n, (x, cols) in descs.items()}
+    # The results as (A, w, u): jaxlib hands the kernel's pointer parameters the
+    # operands' buffers and then the results' in order, aliased ones included
+    # (ordered w, u, A, the A parameter got w's buffer: H200, session 17). The
+    # aliased operands are the descriptors, at their parameters' positions (all
+    # parameters before them are arrays).
+    params = gdn_fwd_intra_gluon_kernel.arg_names
+    aliases = {params.index("w_desc"): 1, params.index("u_desc"): 2}
     out = (A, jax.ShapeDtypeStruct(w_buf.shape, k.dtype), jax.ShapeDtypeStruct(u_buf.shape, v.dtype))
     with warnings.catch_warnings():  # deprecated in jax-triton 0.4 for Refs, which descriptors do not take
         warnings.simplefilter("ignore", DeprecationWarning)
-        A, w, u = call(*inputs, *descs, *scalars, k, v, out_type=out, input_output_aliases={6: 1, 7: 2})
-    return w.reshape(B, T, H, K), u.reshape(B, T, H, V), A
+        A, w, u = call(*inputs, *descs.values(), *scalars, k, v, out_type=out, input_output_aliases=aliases)
+    return w.reshape(w_type.shape), u.reshape(u_type.shape), A
 
 
 def tile_layout():
@@ -256,8 +223,7 @@ def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, **
     from .kernels.gluon_intra import gdn_fwd_intra_gluon_kernel as fn
 
     _, _, constexprs, maxnreg = launch_args(B, T, Hg, H, K, V, 132, **overrides)
-    host = constexprs["HOST_DESC"] and (constexprs["TMA"] or constexprs["TMA_STORE"])
-    desc = {n: f"tensordesc<bf16[64,{cols}],{tile_layout()!r}>" if host else "*bf16"
+    desc = {n: f"tensordesc<bf16[64,{cols}],{tile_layout()!r}>" if constexprs["TMA"] else "*bf16"
             for n, cols in (("k_desc", K), ("v_desc", V), ("w_desc", 64), ("u_desc", 64))}
     sig = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", **desc, T="i32", n_tasks="i32", NTC="i32",
                ROWS="i32", w="*bf16", u="*bf16", A="*bf16")

@@ -30,20 +30,20 @@ Folding ``beta`` into ``A`` rounds as ``bf16(bf16(A) beta) v``, the split
 path as ``bf16(A) bf16(beta v)``.
 
 Scope (``gdn_jax/gluon_launch.py`` checks it): bfloat16 ``k``, ``v``;
-float32 ``g``, ``beta``; ``K = V = 128``; fixed length. The kernel handles a
-partial last chunk (masked stores), but its TMA loads of such a chunk read
-the next batch row's first rows, which meet only zero columns of ``A``: a
-NaN or Inf there would leak through ``0 * NaN``, so the launcher takes
-``T % 64 == 0`` only (the ``TMA=False`` variant zero-fills those rows).
+float32 ``g``, ``beta``; ``K = V = 128``; fixed length. With TMA, ``T %
+64 == 0``: the kernel would store a partial last chunk by masked stores
+through the ``w``, ``u`` pointers (which the JAX launch fills with
+placeholders, its ``w``, ``u`` going through the descriptors), and its TMA
+loads of such a chunk read the next batch row's first rows, which meet only
+zero columns of ``A``, so a NaN or Inf there would leak through ``0 * NaN``
+(the ``TMA=False`` variant zero-fills those rows and takes any ``T``).
 
 Parameter order as jax-triton passes them: inputs, the four TMA
-descriptors, scalars (``ROWS`` = B T), outputs, constexprs. The descriptors
-are made by the launcher (``HOST_DESC``: kernel parameters; jax-triton's
-``TensorDescriptor``, which jaxlib encodes per launch) or here on the device
-(512 bytes of global scratch per CTA, which jaxlib allocates per launch and
-XLA's CUDA graphs refuse; session 16). ``TMA=False`` is a variant without
-descriptors (cp.async loads, stores staged in shared memory: any ``T``,
-0.41 against 0.38 ms at the headline, session 17).
+descriptors (made by the launcher: kernel parameters, which jaxlib encodes
+per launch from jax-triton's ``TensorDescriptor``), scalars (``ROWS`` = B
+T), outputs, constexprs. ``TMA=False`` is a variant without descriptors
+(cp.async loads, stores staged in shared memory: any ``T``, but 0.41
+against 0.38 ms at the headline, session 17).
 
 Triton 3.6 (the GPU machine's) and 3.8 compile it; 3.8 renamed
 ``gl.thread_barrier`` to ``gl.barrier`` (``partition_barrier`` below).
@@ -403,25 +403,24 @@ def copy_gates(g, beta, b_buf, g_buf, t, T, NTC, H: gl.constexpr, valid):
 @gluon.jit
 def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, ready, empty, k_ring, v_ring,
                  kv_ready, betas, gs_, T, n_tasks, NTC, H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr,
-                 V: gl.constexpr, MODE: gl.constexpr, CID: gl.constexpr, TMA: gl.constexpr,
-                 TMA_STORE: gl.constexpr, STAGED: gl.constexpr, FENCE: gl.constexpr):
+                 V: gl.constexpr, MODE: gl.constexpr, CID: gl.constexpr, TMA: gl.constexpr):
     """w/u partition ``CID`` of 2: the CTA's tasks ``j = CID, CID + 2, ...``,
     with its own two k/v slots and gates buffers.
 
-    Loads: ``TMA``, the k/v tiles by TMA (``k_desc``, ``v_desc``); else by
-    cp.async (``copy_kv``), awaited and fenced for the warpgroup MMAs
-    (``FENCE``: 0 after loading ``A``, 1 at the iteration's start before the
-    next task's copies are issued, 2 after the MMAs, for the next task).
-    Stores of whole chunks: ``TMA_STORE``, written over the slot just read and
-    stored by TMA (``w_desc``, ``u_desc``); ``STAGED``, written over the slot
-    and stored from it as 16-byte vectors; else from the accumulators. A
-    partial last chunk: from the accumulators, masked. Unused descriptors
-    are plain pointers."""
+    ``TMA``: the k/v tiles by TMA loads (``k_desc``, ``v_desc``), the results
+    of whole chunks written over the slot just read and stored by TMA
+    (``w_desc``, ``u_desc``). Else (no descriptors) the tiles by cp.async
+    (``copy_kv``), awaited and fenced for the warpgroup MMAs at the start of
+    the iteration, before the next task's copies are issued, and the results
+    of whole chunks written over the slot and stored from it as 16-byte
+    vectors (session 17: 0.415 to 0.423 ms against TMA's 0.381 at the
+    headline; awaiting the copies after loading ``A`` or after the MMAs,
+    and storing from the accumulators, were slower: NOTES). A partial last
+    chunk: masked stores from the accumulators."""
     # Hopper warpgroup MMA: B straight from the swizzled tiles, one instruction per 64x64x16
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
     colL: gl.constexpr = gl.SliceLayout(0, opA)
-    ASYNC_GATES: gl.constexpr = TMA or FENCE == 0  # the gates copied after the stores, else with the k/v tiles
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     n_local = gl.cdiv(n_tasks - pid, nprog)
@@ -433,10 +432,6 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
                          pid + CID * nprog, T, NTC, H, Hg, K, V)
             else:
                 copy_kv(k, v, k_ring.index(2 * CID), v_ring.index(2 * CID), pid + CID * nprog, T, NTC, H, Hg, K, V)
-        if not TMA:
-            if FENCE == 2:  # the first task's copies, before the loop's MMAs
-                async_copy.wait_group(0)
-                fence_async_shared()
     for j in range(CID, n_local, 2):
         i = (j - CID) // 2  # this partition's iteration count
         t = pid + j * nprog
@@ -446,39 +441,30 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
             mbarrier.wait(ready.index(0), (j // 4) & 1)
             mbarrier.arrive(empty.index(0), pred=last_of_group)
         else:
-            if not TMA:
-                if FENCE == 1:  # this task's copies: landed and fenced before the next ones fly
-                    async_copy.wait_group(0)
-                    fence_async_shared()
+            if not TMA:  # this task's copies: landed and fenced before the next ones fly
+                async_copy.wait_group(0)
+                fence_async_shared()
             if j + 2 < n_local:
                 # refill the slot of iteration i - 1 (and its gates buffer)
                 sn = 2 * CID + (i + 1) % 2
-                if TMA_STORE:
+                if TMA:
                     # once its TMA stores have read it (its generic accesses were fenced
                     # before those stores, or after the masked stores of a partial
                     # chunk): no fence here, as a fence (MEMBAR.ALL.CTA) also waits
                     # for the gates' loads in flight
                     tma.store_wait(0)
-                if TMA:
                     issue_kv(k_desc, v_desc, kv_ready.index(sn), k_ring.index(sn), v_ring.index(sn),
                              pid + (j + 2) * nprog, T, NTC, H, Hg, K, V)
-                else:  # every warp is past iteration i - 1's reads of the slot
+                else:  # every warp is past iteration i - 1's reads of the slot and gates buffer
                     partition_barrier()
                     copy_kv(k, v, k_ring.index(sn), v_ring.index(sn), pid + (j + 2) * nprog, T, NTC, H, Hg, K, V)
-                    if not ASYNC_GATES:
-                        copy_gates(g, beta, betas.index(sn), gs_.index(sn), t + 2 * nprog, T, NTC, H, True)
+                    copy_gates(g, beta, betas.index(sn), gs_.index(sn), t + 2 * nprog, T, NTC, H, True)
             i_h, i_tc0, bos = task_at(t, T, NTC, H)
             s2 = 2 * CID + i % 2
             mbarrier.wait(ready.index(0), (j // 4) & 1)
             a_op = a_ring.index(s).load(opA).to(gl.float32)
             if TMA:
                 async_copy.wait_group(0)  # this task's gates
-            elif FENCE == 0:  # this task's gates and k/v tiles, not the next one's k/v (the last group)
-                if j + 2 < n_local:
-                    async_copy.wait_group(1)
-                else:
-                    async_copy.wait_group(0)
-                fence_async_shared()  # cp.async's writes, then read by the warpgroup MMAs
             partition_barrier()
             mbarrier.arrive(empty.index(0), pred=last_of_group)
             b_beta = betas.index(2 * CID + i % 2).load(colL)
@@ -498,17 +484,13 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
             u1 = warpgroup_mma(a_u, v1s, zero, use_acc=False).to(gl.bfloat16)
             w0 = warpgroup_mma(a_w, k0s, zero, use_acc=False).to(gl.bfloat16)
             w1 = warpgroup_mma(a_w, k1s, zero, use_acc=False).to(gl.bfloat16)
-            if not TMA:
-                if FENCE == 2:  # the next task's copies, issued before this task's MMAs
-                    async_copy.wait_group(0)
-                    fence_async_shared()
-            if (TMA_STORE or STAGED) and i_tc0 + BT <= T:  # whole chunk: the results into the slot just read
+            if i_tc0 + BT <= T:  # whole chunk: the results into the slot just read
                 partition_barrier()
                 v0s.store(u0)
                 v1s.store(u1)
                 k0s.store(w0)
                 k1s.store(w1)
-                if TMA_STORE:
+                if TMA:
                     fence_async_shared()
                     partition_barrier()
                     row = (bos + i_tc0).to(gl.int32)
@@ -522,10 +504,7 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
                     store_staged(u, v1s, T, bos, i_h, H, V, i_tc0, BX)
                     store_staged(w, k0s, T, bos, i_h, H, K, i_tc0, 0)
                     store_staged(w, k1s, T, bos, i_h, H, K, i_tc0, BX)
-                    if TMA:  # generic reads of the slot, then its refill by TMA
-                        partition_barrier()
-                        fence_async_shared()
-            else:  # a partial chunk (or direct stores): masked stores from the accumulators
+            else:  # the sequence's last, partial chunk: masked stores from the accumulators
                 store_tile(u, u0, T, bos, i_h, H, V, i_tc0, 0)
                 store_tile(u, u1, T, bos, i_h, H, V, i_tc0, BX)
                 store_tile(w, w0, T, bos, i_h, H, K, i_tc0, 0)
@@ -533,10 +512,10 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
                 if TMA:
                     partition_barrier()  # every warp is done with the k/v slot before it is refilled
                     fence_async_shared()
-            if ASYNC_GATES:  # the next task's gates (its buffer was read in iteration i - 1)
+            if TMA:  # the next task's gates (its buffer was read in iteration i - 1)
                 copy_gates(g, beta, betas.index(2 * CID + (i + 1) % 2), gs_.index(2 * CID + (i + 1) % 2),
                            t + 2 * nprog, T, NTC, H, j + 2 < n_local)
-    if TMA_STORE:
+    if TMA:
         tma.store_wait(0)
 
 # ---------------------------------------------------------------- kernel
@@ -545,32 +524,25 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
 def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T, n_tasks, NTC, ROWS, w, u, A,
                                H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                                BUILDER_REGS: gl.constexpr, WU_REGS: gl.constexpr, MODE: gl.constexpr,
-                               TMA: gl.constexpr, TMA_STORE: gl.constexpr, STAGED: gl.constexpr,
-                               FENCE: gl.constexpr, HOST_DESC: gl.constexpr):
+                               TMA: gl.constexpr):
     """``w [B, T, H, K]``, ``u [B, T, H, V]``, ``A [B, T, H, 64]`` (bfloat16) of
     ``k [B, T, Hg, K]``, ``v [B, T, H, V]`` (bfloat16), ``g``, ``beta [B, T, H]``
     (float32); ``n_tasks = B NTC H``, ``NTC = cdiv(T, 64)``, ``ROWS = B T``.
     ``BUILDER_REGS``, ``WU_REGS``: registers per thread of the builder and of
     the second w/u partition (the first gets what is left of the launch's
     ``maxnreg`` times three). ``MODE``: 0; 1 and 2 are ablations (the builders
-    alone, the w/u partitions alone; outputs not valid). ``TMA``, ``TMA_STORE``,
-    ``STAGED``, ``FENCE``: how the w/u partitions load and store
-    (``wu_partition``). The TMA descriptors of the flattened ``[B T, heads
-    dim]`` tensors (``k``, ``v`` blocks ``[64, 128]``; ``w``, ``u`` blocks
-    ``[64, 64]``): ``HOST_DESC``, made by the launcher and passed as
-    ``k_desc`` .. ``u_desc`` (kernel parameters; ``w``, ``u`` may then be any
-    pointers, as only partial chunks, which such launches exclude, store
-    through them); else made here, on the device, in global scratch (which
-    jaxlib allocates on every launch and CUDA graphs refuse), the
-    ``*_desc`` arguments being unused pointers."""
+    alone, the w/u partitions alone; outputs not valid). ``TMA``: the w/u
+    partitions copy by TMA, through ``k_desc`` .. ``u_desc``, the TMA
+    descriptors of the flattened ``[B T, heads dim]`` tensors (blocks ``[64,
+    128]`` for ``k``, ``v``; ``[64, 64]`` for ``w``, ``u``) made by the
+    launcher (kernel parameters); ``w`` and ``u`` are then written through
+    their pointers only in a partial last chunk, which such launches
+    exclude. Without ``TMA`` the ``*_desc`` arguments are unused pointers.
+    (Session 16 made the descriptors here, on the device: they lived in
+    global scratch, which jaxlib allocates on every launch and XLA's CUDA
+    graphs refuse.)"""
     gl.static_assert((K == 128) & (V == 128))
     tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    if TMA and not HOST_DESC:
-        k_desc = tma.make_tensor_descriptor(k, [ROWS, Hg * K], [Hg * K, 1], [BT, K], tile)
-        v_desc = tma.make_tensor_descriptor(v, [ROWS, H * V], [H * V, 1], [BT, V], tile)
-    if TMA_STORE and not HOST_DESC:
-        w_desc = tma.make_tensor_descriptor(w, [ROWS, H * K], [H * K, 1], [BT, BX], tile)
-        u_desc = tma.make_tensor_descriptor(u, [ROWS, H * V], [H * V, 1], [BT, BX], tile)
     # shared memory: 32 KB of A slots, 64 KB of key tiles, 4 x 32 KB of k/v slots,
     # gates and barriers: 226 of the H200's 227 KB
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
@@ -590,8 +562,8 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T,
     # or built with + loses its constexprs)
     gl.warp_specialize([
         (wu_partition, (k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, ready, empty, k_ring,
-                        v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 0, TMA, TMA_STORE, STAGED, FENCE)),
+                        v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 0, TMA)),
         (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, H, Hg, K, MODE)),
         (wu_partition, (k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, ready, empty, k_ring,
-                        v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 1, TMA, TMA_STORE, STAGED, FENCE)),
+                        v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 1, TMA)),
     ], [4, 4], [BUILDER_REGS, WU_REGS])

@@ -85,51 +85,40 @@ def test_auto_is_told_whether_the_kernel_fits(monkeypatch, env):
     assert seen == [env is None, False, env is None and not gluon_launch.TMA, False, False]
 
 
-@pytest.mark.parametrize("variant,overrides", [
-    ("host descriptors", dict(TMA=True, TMA_STORE=True, HOST_DESC=True)),
-    ("device descriptors", dict(TMA=True, TMA_STORE=True, HOST_DESC=False)),
-    ("no TMA", dict(TMA=False, TMA_STORE=False, STAGED=True)),
-])
-def test_kernel_compiles_for_sm90(variant, overrides):
+@pytest.mark.parametrize("tma", [True, False])
+def test_kernel_compiles_for_sm90(tma):
     """The Gluon source through the installed triton's compiler and ptxas, for
     sm_90a: 12 warps (three partitions of 4), its shared memory within the
-    H200's 227 KB; TMA copies with the four descriptors as kernel parameters
-    (shipped) or made in global scratch, or none (cp.async and stores from
-    registers)."""
-    c = gluon_launch.compile_offline(**overrides)
+    H200's 227 KB, no global scratch (so no per-launch allocation under
+    jaxlib); TMA copies through the four descriptor parameters, or (``TMA``
+    off) cp.async and stores from registers."""
+    c = gluon_launch.compile_offline(TMA=tma)
     assert c.metadata.num_warps == 12
     assert c.metadata.shared <= 232448
-    assert (c.metadata.global_scratch_size > 0) == (variant == "device descriptors")
-    assert len(c.metadata.tensordesc_meta or ()) == (4 if variant == "host descriptors" else 0)
+    assert not c.metadata.global_scratch_size
+    assert len(c.metadata.tensordesc_meta or ()) == (4 if tma else 0)
     assert ".target sm_90a" in c.asm["ptx"]
     assert "setmaxnreg" in c.asm["ptx"] and "wgmma" in c.asm["ptx"]
-    assert ("cp.async.bulk.tensor" in c.asm["ptx"]) == (variant != "no TMA")
+    assert ("cp.async.bulk.tensor" in c.asm["ptx"]) == tma
+
+
+def test_jax_launch_aliases_the_descriptor_parameters():
+    """The JAX launch aliases the operands at the ``w_desc``, ``u_desc``
+    positions to its results 1 and 2: every parameter before them is an
+    array operand, and ``A`` is the one parameter it leaves to jax-triton."""
+    from gdn_jax.kernels.gluon_intra import gdn_fwd_intra_gluon_kernel as kernel
+
+    params = kernel.arg_names
+    assert params[:8] == ["k", "v", "g", "beta", "k_desc", "v_desc", "w_desc", "u_desc"]
+    assert params[8:15] == ["T", "n_tasks", "NTC", "ROWS", "w", "u", "A"]
 
 
 def test_launch_args_one_cta_per_sm_at_most_one_per_task():
     grid, scalars, constexprs, maxnreg = gluon_launch.launch_args(8, 4096, 16, 32, 128, 128, 132)
     assert grid == (132,) and scalars == (4096, 8 * 64 * 32, 64, 8 * 4096)
-    tma = gluon_launch.TMA
-    assert constexprs == dict(H=32, Hg=16, K=128, V=128, MODE=0, TMA=tma, TMA_STORE=tma, STAGED=not tma, FENCE=1,
-                              HOST_DESC=gluon_launch.HOST_DESC, BUILDER_REGS=216, WU_REGS=144)
+    assert constexprs == dict(H=32, Hg=16, K=128, V=128, MODE=0, TMA=gluon_launch.TMA, BUILDER_REGS=216,
+                              WU_REGS=144)
     assert maxnreg == 168
     assert gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132)[0] == (3,)
     _, _, constexprs, maxnreg = gluon_launch.launch_args(1, 64, 1, 3, 128, 128, 132, MODE=1, maxnreg=160)
     assert constexprs["MODE"] == 1 and maxnreg == 160
-
-
-@pytest.mark.parametrize("flags,ok", [
-    ("", False),
-    ("--xla_gpu_autotune_level=0", False),
-    ("--xla_gpu_enable_command_buffer=", True),
-    ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS --xla_gpu_autotune_level=0", True),
-    ("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL", False),
-    ("--xla_gpu_enable_command_buffer= --xla_gpu_enable_command_buffer=FUSION,custom_call", False),
-])
-def test_command_buffer_flag(flags, ok):
-    """The kernel runs only where XLA keeps custom calls out of CUDA graphs
-    (its per-launch scratch allocation cannot enter one); the last flag wins."""
-    reason = gluon_launch.command_buffers_take_custom_calls(flags)
-    assert (reason is None) == ok
-    if not ok:
-        assert "XLA_FLAGS=--xla_gpu_enable_command_buffer=" in reason
