@@ -104,7 +104,7 @@ def check_gluon(op: str, k, v, g, beta, cu_seqlens) -> None:
 
 def launch_args(B: int, T: int, Hg: int, H: int, K: int, V: int, n_sm: int, **overrides):
     """``(grid, scalars, constexprs, maxnreg)`` of a launch: one CTA per SM (at
-    most one per task), the scalars ``T, n_tasks, NTC, ROWS``, the constexprs
+    most one per task), the scalars ``T, n_tasks, NTC``, the constexprs
     and the register limit. ``overrides`` replace constexprs (``MODE``,
     ``BUILDER_REGS``, ``WU_REGS``, ``TMA``: the probe's ablations, splits
     and variants) or ``maxnreg``."""
@@ -113,7 +113,7 @@ def launch_args(B: int, T: int, Hg: int, H: int, K: int, V: int, n_sm: int, **ov
     maxnreg = overrides.pop("maxnreg", MAXNREG)
     constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=TMA, **REGS)
     constexprs.update(overrides)
-    return (min(n_tasks, n_sm), ), (T, n_tasks, NTC, B * T), constexprs, maxnreg
+    return (min(n_tasks, n_sm), ), (T, n_tasks, NTC), constexprs, maxnreg
 
 
 def compile_gluon_as_triton_does():
@@ -204,11 +204,11 @@ def fwd_intra_gluon(k, v, g, beta):
 
 
 def tile_layout():
-    """The shared-memory layout of the kernel's TMA tiles (its ``tile``), for
+    """The shared-memory layout of the kernel's TMA tiles (``TILE``), for
     descriptors made by a launcher."""
-    from triton.experimental.gluon import language as gl
+    from .kernels.gluon_intra import TILE
 
-    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    return TILE.value
 
 
 def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, **overrides):
@@ -226,7 +226,7 @@ def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, **
     desc = {n: f"tensordesc<bf16[64,{cols}],{tile_layout()!r}>" if constexprs["TMA"] else "*bf16"
             for n, cols in (("k_desc", K), ("v_desc", V), ("w_desc", 64), ("u_desc", 64))}
     sig = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", **desc, T="i32", n_tasks="i32", NTC="i32",
-               ROWS="i32", w="*bf16", u="*bf16", A="*bf16")
+               w="*bf16", u="*bf16", A="*bf16")
     src = GluonASTSource(
         fn=fn, signature={**sig, **{n: "constexpr" for n in constexprs}},
         constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},

@@ -40,8 +40,8 @@ zero columns of ``A``, so a NaN or Inf there would leak through ``0 * NaN``
 
 Parameter order as jax-triton passes them: inputs, the four TMA
 descriptors (made by the launcher: kernel parameters, which jaxlib encodes
-per launch from jax-triton's ``TensorDescriptor``), scalars (``ROWS`` = B
-T), outputs, constexprs. ``TMA=False`` is a variant without descriptors
+per launch from jax-triton's ``TensorDescriptor``, with the shared-memory
+layout ``TILE``), scalars, outputs, constexprs. ``TMA=False`` is a variant without descriptors
 (cp.async loads, stores staged in shared memory: any ``T``, but 0.41
 against 0.38 ms at the headline, session 17).
 
@@ -58,6 +58,9 @@ BT = gl.constexpr(64)
 LOG2E = gl.constexpr(1.4426950408889634)
 BK = gl.constexpr(32)  # the builders' k k^T steps (columns per ldmatrix)
 BX = gl.constexpr(64)  # the w/u output tiles' columns (two per matrix at K = V = 128)
+# the k/v slots' and the TMA descriptors' shared-memory layout (the launcher makes
+# the descriptors with it)
+TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 
 if hasattr(gl, "thread_barrier"):  # triton 3.6
     @gluon.jit
@@ -521,13 +524,13 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
 # ---------------------------------------------------------------- kernel
 
 @gluon.jit
-def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T, n_tasks, NTC, ROWS, w, u, A,
+def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T, n_tasks, NTC, w, u, A,
                                H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                                BUILDER_REGS: gl.constexpr, WU_REGS: gl.constexpr, MODE: gl.constexpr,
                                TMA: gl.constexpr):
     """``w [B, T, H, K]``, ``u [B, T, H, V]``, ``A [B, T, H, 64]`` (bfloat16) of
     ``k [B, T, Hg, K]``, ``v [B, T, H, V]`` (bfloat16), ``g``, ``beta [B, T, H]``
-    (float32); ``n_tasks = B NTC H``, ``NTC = cdiv(T, 64)``, ``ROWS = B T``.
+    (float32); ``n_tasks = B NTC H``, ``NTC = cdiv(T, 64)``.
     ``BUILDER_REGS``, ``WU_REGS``: registers per thread of the builder and of
     the second w/u partition (the first gets what is left of the launch's
     ``maxnreg`` times three). ``MODE``: 0; 1 and 2 are ablations (the builders
@@ -542,13 +545,12 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T,
     global scratch, which jaxlib allocates on every launch and XLA's CUDA
     graphs refuse.)"""
     gl.static_assert((K == 128) & (V == 128))
-    tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     # shared memory: 32 KB of A slots, 64 KB of key tiles, 4 x 32 KB of k/v slots,
     # gates and barriers: 226 of the H200's 227 KB
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     kb = gl.allocate_shared_memory(gl.bfloat16, [4, BT, K], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
-    k_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BT, K], tile)
-    v_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BT, V], tile)
+    k_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BT, K], TILE)
+    v_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BT, V], TILE)
     ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())

@@ -27,8 +27,7 @@ for phase in "$@"; do
     # alone. Each phase takes minutes: run each in its own device call.
     test-fixed) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
     test-tuned) python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12;;
-    # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags (the TMA=True
-    # variant needs --xla_gpu_enable_command_buffer=, Known issues)
+    # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags
     test-gluon) python3 -P -m pytest -q -rfs -n 8 -p no:cacheprovider tests/test_gluon_gpu.py tests/test_gluon_launch.py 2>&1 | tee "$OUT/test_gluon_jt$JT.log" | tail -12;;
     test-slow) python3 -P -m pytest -q -rfs -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;
     # the table (JSON written after every shape), then the T sweep for the chart

@@ -110,12 +110,12 @@ def test_jax_launch_aliases_the_descriptor_parameters():
 
     params = kernel.arg_names
     assert params[:8] == ["k", "v", "g", "beta", "k_desc", "v_desc", "w_desc", "u_desc"]
-    assert params[8:15] == ["T", "n_tasks", "NTC", "ROWS", "w", "u", "A"]
+    assert params[8:14] == ["T", "n_tasks", "NTC", "w", "u", "A"]
 
 
 def test_launch_args_one_cta_per_sm_at_most_one_per_task():
     grid, scalars, constexprs, maxnreg = gluon_launch.launch_args(8, 4096, 16, 32, 128, 128, 132)
-    assert grid == (132,) and scalars == (4096, 8 * 64 * 32, 64, 8 * 4096)
+    assert grid == (132,) and scalars == (4096, 8 * 64 * 32, 64)
     assert constexprs == dict(H=32, Hg=16, K=128, V=128, MODE=0, TMA=gluon_launch.TMA, BUILDER_REGS=216,
                               WU_REGS=144)
     assert maxnreg == 168
