@@ -127,22 +127,17 @@ def gate(b, g_r, g_c, beta_r):
 
 
 @gluon.jit
-def load_vec(x, rows0, i_h, T, valid, blk: gl.constexpr, H: gl.constexpr, layout: gl.constexpr,
-             WHOLE: gl.constexpr):
+def load_vec(x, rows0, i_h, T, valid, blk: gl.constexpr, H: gl.constexpr, layout: gl.constexpr):
     """``[4, 16]`` float32 values ``x[row, head]`` of the four tasks' 16-row block
     (rows and their end ``T`` as absolute row indices, ``[4]`` each)."""
     o = gl.arange(0, 16, layout=gl.SliceLayout(0, layout))
     rows = rows0[:, None] + blk * 16 + o[None, :]
-    if WHOLE:
-        m = gl.broadcast(valid[:, None], rows)[0]
-    else:
-        m = (rows < T[:, None]) & valid[:, None]
+    m = (rows < T[:, None]) & valid[:, None]
     return gl.load(x + rows * H + i_h[:, None], mask=m, other=0.0)
 
 
 @gluon.jit
-def load_gates(g, beta, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, layout: gl.constexpr,
-               WHOLE: gl.constexpr):
+def load_gates(g, beta, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, layout: gl.constexpr):
     """Group ``q``'s ``g`` and ``beta`` (eight ``[4, 16]`` float32 blocks: ``g``
     rows 0-15 .. 48-63, then ``beta``'s; zeros past ``T`` or past the CTA's tasks)."""
     j = 4 * q + gl.arange(0, 4, layout=gl.SliceLayout(1, layout))
@@ -150,17 +145,17 @@ def load_gates(g, beta, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, layout:
     i_h, i_tc0, bos = task_at(pid + j * nprog, T, NTC, H)
     rows0 = bos + i_tc0
     Tb = bos + T
-    return (load_vec(g, rows0, i_h, Tb, valid, 0, H, layout, WHOLE), load_vec(g, rows0, i_h, Tb, valid, 1, H, layout, WHOLE),
-            load_vec(g, rows0, i_h, Tb, valid, 2, H, layout, WHOLE), load_vec(g, rows0, i_h, Tb, valid, 3, H, layout, WHOLE),
-            load_vec(beta, rows0, i_h, Tb, valid, 0, H, layout, WHOLE),
-            load_vec(beta, rows0, i_h, Tb, valid, 1, H, layout, WHOLE),
-            load_vec(beta, rows0, i_h, Tb, valid, 2, H, layout, WHOLE),
-            load_vec(beta, rows0, i_h, Tb, valid, 3, H, layout, WHOLE))
+    return (load_vec(g, rows0, i_h, Tb, valid, 0, H, layout), load_vec(g, rows0, i_h, Tb, valid, 1, H, layout),
+            load_vec(g, rows0, i_h, Tb, valid, 2, H, layout), load_vec(g, rows0, i_h, Tb, valid, 3, H, layout),
+            load_vec(beta, rows0, i_h, Tb, valid, 0, H, layout),
+            load_vec(beta, rows0, i_h, Tb, valid, 1, H, layout),
+            load_vec(beta, rows0, i_h, Tb, valid, 2, H, layout),
+            load_vec(beta, rows0, i_h, Tb, valid, 3, H, layout))
 
 
 @gluon.jit
 def issue_k(k, kb, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr,
-            ld: gl.constexpr, WHOLE: gl.constexpr):
+            ld: gl.constexpr):
     """cp.async of group ``q``'s four ``[64, K]`` key tiles into ``kb``
     (``[4, 64, K]``; rows past ``T`` and missing tasks as zeros)."""
     wl: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, ld))
@@ -172,25 +167,19 @@ def issue_k(k, kb, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.const
     o2 = gl.arange(0, K, layout=gl.SliceLayout(0, gl.SliceLayout(1, ld)))
     ptr = k + ((row0[:, None, None] + o1[None, :, None]) * Hg + (i_h // (H // Hg))[:, None, None]) * K \
         + o2[None, None, :]
-    if WHOLE:
-        m = gl.broadcast((j < n_local)[:, None, None], ptr)[0]
-    else:
-        m = (o1[None, :, None] < n[:, None, None]) & (j < n_local)[:, None, None]
+    m = (o1[None, :, None] < n[:, None, None]) & (j < n_local)[:, None, None]
     async_copy.async_copy_global_to_shared(kb, ptr, mask=m)
     async_copy.commit_group()
 
 
 @gluon.jit
 def store_block(A, rows0, i_h, T, valid, rb: gl.constexpr, cb: gl.constexpr, blk, r, c,
-                H: gl.constexpr, WHOLE: gl.constexpr):
+                H: gl.constexpr):
     """Block ``(rb, cb)`` of the four tasks' ``A`` to HBM (rows < T), as bfloat16."""
     val = blk.to(gl.bfloat16)
     rows = rows0[:, None, None] + rb * 16 + r
     ptr = A + (rows * H + i_h[:, None, None]) * BT + cb * 16 + c
-    if WHOLE:
-        gl.store(ptr, val, mask=gl.broadcast(valid[:, None, None], ptr)[0])
-    else:
-        gl.store(ptr, val, mask=(rows < T[:, None, None]) & valid[:, None, None] & (c >= 0))
+    gl.store(ptr, val, mask=(rows < T[:, None, None]) & valid[:, None, None] & (c >= 0))
     return val
 
 
@@ -202,7 +191,7 @@ def slot_block(slot, rb: gl.constexpr, cb: gl.constexpr, val):
 
 @gluon.jit
 def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, H: gl.constexpr,
-                      Hg: gl.constexpr, K: gl.constexpr, MODE: gl.constexpr, WHOLE: gl.constexpr):
+                      Hg: gl.constexpr, K: gl.constexpr, MODE: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
                                                   instr_shape=[1, 16, 8])
     opA: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
@@ -220,8 +209,8 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
     # the four [64, 64] A slots as one [4, 64, 64] view, one slot per warp
     slots = a_ring._reinterpret(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
     if MODE != 2:
-        issue_k(k, kb, 0, pid, nprog, n_local, T, NTC, H, Hg, K, ld, WHOLE)
-        gb_next = load_gates(g, beta, 0, pid, nprog, n_local, T, NTC, H, rowL, WHOLE)
+        issue_k(k, kb, 0, pid, nprog, n_local, T, NTC, H, Hg, K, ld)
+        gb_next = load_gates(g, beta, 0, pid, nprog, n_local, T, NTC, H, rowL)
         # the slots' upper blocks stay zero: written once (the ready barrier's
         # first arrival publishes them with the first group)
         for rb in gl.static_range(3):
@@ -241,7 +230,7 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
             # under the w/u traffic stalled the builders: 0.253 against 0.274 ms
             # for the builders alone, session 16); [4, 16] per 16-row block
             gb = gb_next
-            gb_next = load_gates(g, beta, q + 1, pid, nprog, n_local, T, NTC, H, rowL, WHOLE)
+            gb_next = load_gates(g, beta, q + 1, pid, nprog, n_local, T, NTC, H, rowL)
             g_r0 = gb[0] * LOG2E  # g in base 2
             g_r1 = gb[1] * LOG2E
             g_r2 = gb[2] * LOG2E
@@ -291,42 +280,42 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
                 A33 = mma_v2(a3, s3.permute([0, 2, 1]).load(opB), A33)
             partition_barrier()
             if q + 1 < n_groups:  # the next group's key tiles while this group's A is built
-                issue_k(k, kb, q + 1, pid, nprog, n_local, T, NTC, H, Hg, K, ld, WHOLE)
+                issue_k(k, kb, q + 1, pid, nprog, n_local, T, NTC, H, Hg, K, ld)
 
             # Every block is computed and stored to HBM before the ring slots are
             # awaited, so only the shared-memory stores wait for the w/u partitions
             # (waiting first made the two take turns: 0.416 ms against 0.396, session 15).
             m_d = r > c
             Ai00 = inverse_by_halving(gl.where(m_d, gate(A00, g_r0, g_c0, b_r0), 0.0), r, c)
-            h00 = store_block(A, rows0, i_h, Tb, valid, 0, 0, Ai00, r, c, H, WHOLE)
+            h00 = store_block(A, rows0, i_h, Tb, valid, 0, 0, Ai00, r, c, H)
             Ai11 = inverse_by_halving(gl.where(m_d, gate(A11, g_r1, g_c1, b_r1), 0.0), r, c)
-            h11 = store_block(A, rows0, i_h, Tb, valid, 1, 1, Ai11, r, c, H, WHOLE)
+            h11 = store_block(A, rows0, i_h, Tb, valid, 1, 1, Ai11, r, c, H)
             Ai10 = -dot32(dot32(Ai11, gate(A10, g_r1, g_c0, b_r1)), Ai00)
-            h10 = store_block(A, rows0, i_h, Tb, valid, 1, 0, Ai10, r, c, H, WHOLE)
+            h10 = store_block(A, rows0, i_h, Tb, valid, 1, 0, Ai10, r, c, H)
             Ai22 = inverse_by_halving(gl.where(m_d, gate(A22, g_r2, g_c2, b_r2), 0.0), r, c)
-            h22 = store_block(A, rows0, i_h, Tb, valid, 2, 2, Ai22, r, c, H, WHOLE)
+            h22 = store_block(A, rows0, i_h, Tb, valid, 2, 2, Ai22, r, c, H)
             L21 = gate(A21, g_r2, g_c1, b_r2)
             Ai21 = -dot32(dot32(Ai22, L21), Ai11)
-            h21 = store_block(A, rows0, i_h, Tb, valid, 2, 1, Ai21, r, c, H, WHOLE)
+            h21 = store_block(A, rows0, i_h, Tb, valid, 2, 1, Ai21, r, c, H)
             Ai20 = -dot32(Ai22, dot32(gate(A20, g_r2, g_c0, b_r2), Ai00) + dot32(L21, Ai10))
-            h20 = store_block(A, rows0, i_h, Tb, valid, 2, 0, Ai20, r, c, H, WHOLE)
+            h20 = store_block(A, rows0, i_h, Tb, valid, 2, 0, Ai20, r, c, H)
             Ai33 = inverse_by_halving(gl.where(m_d, gate(A33, g_r3, g_c3, b_r3), 0.0), r, c)
-            h33 = store_block(A, rows0, i_h, Tb, valid, 3, 3, Ai33, r, c, H, WHOLE)
+            h33 = store_block(A, rows0, i_h, Tb, valid, 3, 3, Ai33, r, c, H)
             L32 = gate(A32, g_r3, g_c2, b_r3)
             Ai32 = -dot32(dot32(Ai33, L32), Ai22)
-            h32 = store_block(A, rows0, i_h, Tb, valid, 3, 2, Ai32, r, c, H, WHOLE)
+            h32 = store_block(A, rows0, i_h, Tb, valid, 3, 2, Ai32, r, c, H)
             L31 = gate(A31, g_r3, g_c1, b_r3)
             Ai31 = -dot32(Ai33, dot32(L31, Ai11) + dot32(L32, Ai21))
-            h31 = store_block(A, rows0, i_h, Tb, valid, 3, 1, Ai31, r, c, H, WHOLE)
+            h31 = store_block(A, rows0, i_h, Tb, valid, 3, 1, Ai31, r, c, H)
             Ai30 = -dot32(Ai33, dot32(gate(A30, g_r3, g_c0, b_r3), Ai00) + dot32(L31, Ai10) + dot32(L32, Ai20))
-            h30 = store_block(A, rows0, i_h, Tb, valid, 3, 0, Ai30, r, c, H, WHOLE)
+            h30 = store_block(A, rows0, i_h, Tb, valid, 3, 0, Ai30, r, c, H)
             zero = store_block(A, rows0, i_h, Tb, valid, 0, 1, gl.zeros([4, 16, 16], gl.float32, mma),
-                               r, c, H, WHOLE)
-            store_block(A, rows0, i_h, Tb, valid, 0, 2, zero, r, c, H, WHOLE)
-            store_block(A, rows0, i_h, Tb, valid, 0, 3, zero, r, c, H, WHOLE)
-            store_block(A, rows0, i_h, Tb, valid, 1, 2, zero, r, c, H, WHOLE)
-            store_block(A, rows0, i_h, Tb, valid, 1, 3, zero, r, c, H, WHOLE)
-            store_block(A, rows0, i_h, Tb, valid, 2, 3, zero, r, c, H, WHOLE)
+                               r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 0, 2, zero, r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 0, 3, zero, r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 1, 2, zero, r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 1, 3, zero, r, c, H)
+            store_block(A, rows0, i_h, Tb, valid, 2, 3, zero, r, c, H)
 
             mbarrier.wait(empty.index(0), (q & 1) ^ 1)
             slot_block(slots, 0, 0, h00)
@@ -538,7 +527,7 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
 def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T, n_tasks, NTC, w, u, A,
                                H: gl.constexpr, Hg: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                                BUILDER_REGS: gl.constexpr, WU_REGS: gl.constexpr, MODE: gl.constexpr,
-                               TMA: gl.constexpr, HINT: gl.constexpr = 2):
+                               TMA: gl.constexpr, T16: gl.constexpr = 1):
     """``w [B, T, H, K]``, ``u [B, T, H, V]``, ``A [B, T, H, 64]`` (bfloat16) of
     ``k [B, T, Hg, K]``, ``v [B, T, H, V]`` (bfloat16), ``g``, ``beta [B, T, H]``
     (float32); ``n_tasks = B NTC H``, ``NTC = cdiv(T, 64)``.
@@ -556,8 +545,8 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T,
     global scratch, which jaxlib allocates on every launch and XLA's CUDA
     graphs refuse.)"""
     gl.static_assert((K == 128) & (V == 128))
-    if TMA and HINT >= 1:
-        T = NTC * BT
+    if TMA and T16:
+        T = (T // 16) * 16
     # shared memory: 32 KB of A slots, 64 KB of key tiles, 4 x 32 KB of k/v slots,
     # gates and barriers: 226 of the H200's 227 KB
     a_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
@@ -578,8 +567,7 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T,
     gl.warp_specialize([
         (wu_partition, (k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, ready, empty, k_ring,
                         v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 0, TMA)),
-        (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, H, Hg, K, MODE,
-                               TMA and HINT >= 2)),
+        (builder_partition, (k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, H, Hg, K, MODE)),
         (wu_partition, (k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, ready, empty, k_ring,
                         v_ring, kv_ready, betas, gs_, T, n_tasks, NTC, H, Hg, K, V, MODE, 1, TMA)),
     ], [4, 4], [BUILDER_REGS, WU_REGS])
