@@ -111,7 +111,7 @@ def launch_args(B: int, T: int, Hg: int, H: int, K: int, V: int, n_sm: int, **ov
     NTC = cdiv(T, 64)
     n_tasks = B * NTC * H
     maxnreg = overrides.pop("maxnreg", MAXNREG)
-    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=TMA, T16=1, **REGS)
+    constexprs = dict(H=H, Hg=Hg, K=K, V=V, MODE=0, TMA=TMA, **REGS)
     constexprs.update(overrides)
     return (min(n_tasks, n_sm), ), (T, n_tasks, NTC), constexprs, maxnreg
 
