@@ -78,3 +78,16 @@ def test_vmap_and_jit():
     for n in range(3):
         for a, b in zip(got, per[n]):
             assert_bit_equal(a[n], b)
+
+
+@pytest.mark.skipif(not gluon_launch.TMA, reason="without TMA the kernel takes any T")
+def test_torch_launch_refuses_a_partial_chunk_with_tma():
+    """With TMA the kernel takes ``T`` as a multiple of 64 (``T // 16 * 16``
+    inside it, for the compiler): the torch launcher refuses T = 1000 rather
+    than return wrong rows."""
+    torch = pytest.importorskip("torch")
+    from gdn_jax.torch_launch import fwd_intra_gluon_torch
+
+    k, v, g, beta = (torch.from_dlpack(x) for x in make_inputs(13, 1, 1000, 1, 2, 128, 128, "bfloat16"))
+    with pytest.raises(ValueError, match="T a multiple of 64, got T=1000"):
+        fwd_intra_gluon_torch(k, v, g.float(), beta.float())
