@@ -211,11 +211,13 @@ def tile_layout():
     return TILE.value
 
 
-def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, **overrides):
+def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, divisible=(), **overrides):
     """The kernel compiled for ``sm_{capability}a`` without a GPU (the
     installed triton's own compiler and ptxas): the ``CompiledKernel``
     (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata.shared``). ``overrides``
-    as in :func:`launch_args`."""
+    as in :func:`launch_args`. ``divisible``: the scalars (of ``T``,
+    ``n_tasks``, ``NTC``) compiled as known multiples of 16, as Triton's
+    launcher specializes them (jax-triton gives none)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -230,6 +232,7 @@ def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, **
     src = GluonASTSource(
         fn=fn, signature={**sig, **{n: "constexpr" for n in constexprs}},
         constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
-        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t[0] == "*"})
+        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+               if t[0] == "*" or n in divisible})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options=dict(num_warps=WARPS, maxnreg=maxnreg))
