@@ -55,10 +55,16 @@ def input_mismatch(k, v, g, beta, cu_seqlens) -> str | None:
         return f"it takes bfloat16 k and v, got {k.dtype} and {v.dtype}"
     if K != 128 or V != 128:
         return f"it takes head dims K = V = 128, got K={K}, V={V}"
-    if TMA and T % 64:
+    return rows_mismatch(B, T, TMA)
+
+
+def rows_mismatch(B: int, T: int, tma: bool) -> str | None:
+    """Why a launch with ``tma`` (the kernel's ``TMA``) cannot take ``B``
+    batch rows of ``T``, or None when it can (either launcher checks this)."""
+    if tma and T % 64:
         return (f"it takes T a multiple of 64, got T={T} (a partial chunk's TMA loads read the next "
                 f"batch row, where a NaN would leak through 0 * NaN, and its TMA stores write there)")
-    if TMA and B * T >= 2**31:
+    if tma and B * T >= 2**31:
         return f"it takes B * T < 2**31 rows (int32 TMA coordinates), got {B * T}"
     return None
 

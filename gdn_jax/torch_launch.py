@@ -95,15 +95,16 @@ def fwd_intra_gluon_torch(k, v, g, beta, **overrides):
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gluon_launch import WARPS, launch_args, tile_layout
+    from .gluon_launch import WARPS, launch_args, rows_mismatch, tile_layout
     from .kernels.gluon_intra import gdn_fwd_intra_gluon_kernel
 
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     n_sm = torch.cuda.get_device_properties(k.device).multi_processor_count
     grid, scalars, constexprs, maxnreg = launch_args(B, T, Hg, H, K, V, n_sm, **overrides)
-    if constexprs["TMA"] and T % 64:  # the kernel takes T as a multiple of 64 then
-        raise ValueError(f"fwd_intra_gluon_torch: with TMA the Gluon kernel takes T a multiple of 64, got T={T}")
+    mismatch = rows_mismatch(B, T, constexprs["TMA"])
+    if mismatch:
+        raise ValueError(f"fwd_intra_gluon_torch: with TMA, {mismatch}")
     w = torch.empty(B, T, H, K, device=k.device, dtype=k.dtype)
     u = torch.empty(B, T, H, V, device=k.device, dtype=v.dtype)
     A = torch.empty(B, T, H, 64, device=k.device, dtype=k.dtype)
