@@ -1,12 +1,18 @@
-"""``jax.vmap`` of the Triton paths: the vmapped axis folded into the rows.
+"""``jax.vmap`` of the Triton launches: the vmapped axis folded into the rows.
 
 jax-triton's custom call has no batching rule (``jax.vmap`` of
 ``triton_call`` raises), but every kernel already loops over independent
-rows: :func:`vmappable` gives a ``fwd_intra``-like function a
+sequences: :func:`vmappable` gives a launch a
 :func:`jax.custom_batching.custom_vmap` rule that runs one launch on all
 examples at once, their batch rows stacked (fixed length) or their packed
 sequences concatenated with shifted offsets (``cu_seqlens``). Nested vmaps
 fold once per level.
+
+An op's array operands and results are described by their dims, one letter
+each (:class:`gdn_jax.sharding.Layout`): a leading ``b`` is a batch row ``[B,
+T, ...]``, a leading ``n`` a sequence's state ``[N, ...]``, ``s`` the
+``cu_seqlens [N + 1]`` and ``ij`` the chunk indices ``[NT, 2]`` of a packed
+batch.
 """
 from __future__ import annotations
 
@@ -14,6 +20,13 @@ import jax
 import jax.numpy as jnp
 
 from .chunk_indices import chunk_indices_in_graph
+
+ROWS, STATES, CU, CHUNKS = "b", "n", "s", "ij"
+
+
+def kind(dims: str) -> str:
+    """``"b"`` (rows), ``"n"`` (states), ``"s"`` (cu_seqlens) or ``"ij"`` (chunk indices)."""
+    return dims if dims in (CU, CHUNKS) else dims[0]
 
 
 def split_arrays(arrays, use_g: bool, varlen: bool):
@@ -27,42 +40,56 @@ def split_arrays(arrays, use_g: bool, varlen: bool):
     return k, v, g, beta, cu, ci
 
 
-def vmappable(fwd, *, use_g: bool, varlen: bool, chunk_size: int):
-    """``fwd(k, v, g, beta, cu_seqlens, chunk_indices) -> (w, u, A)`` (shapes as
-    :func:`gdn_jax.fwd_intra`; ``g`` None unless ``use_g``, the last two None
-    unless ``varlen``) as ``op(*arrays)`` over the non-None arguments, with a
-    vmap rule that folds ``n`` examples into one call:
+def fold(n: int, operands, dims, chunk_size: int):
+    """``n`` examples' operands (each with the example axis first) as one
+    call's: ``[n, B, T, ...]`` rows as ``[n * B, T, ...]`` (fixed length) or
+    ``[1, n * T, ...]`` (packed, ``B == 1``), states ``[n, N, ...]`` as
+    ``[n * N, ...]``, the examples' ``cu_seqlens [n, N + 1]`` as one list of
+    ``n * N`` segments (example ``e``'s offsets shifted by ``e * T``) and their
+    chunk indices rebuilt in the graph for it (the examples' own are not used).
 
-    - fixed length: ``[n, B, T, ...]`` becomes ``[n * B, T, ...]``;
-    - packed (``B == 1``): ``[n, 1, T, ...]`` becomes ``[1, n * T, ...]``, and
-      the examples' ``cu_seqlens [n, N + 1]`` one list of ``n * N`` segments,
-      example ``e``'s offsets shifted by ``e * T``; its chunk indices are
-      rebuilt in the graph (the examples' own are not used).
-
-    Arguments not batched are broadcast to the ``n`` examples first.
-    """
-    def split(arrays):
-        return split_arrays(arrays, use_g, varlen)
-
-    @jax.custom_batching.custom_vmap
-    def op(*arrays):
-        return tuple(fwd(*split(arrays)))
-
-    @op.def_vmap
-    def fold(n, in_batched, *arrays):
-        arrays = [x if batched else jnp.broadcast_to(x, (n,) + x.shape)
-                  for x, batched in zip(arrays, in_batched)]
-        k, v, g, beta, cu, _ = split(arrays)
-        rows = [x for x in (k, v, g, beta) if x is not None]
-        if not varlen:
-            B = k.shape[1]
-            outs = op(*(x.reshape((n * B,) + x.shape[2:]) for x in rows))
-            return tuple(o.reshape((n, B) + o.shape[1:]) for o in outs), (True,) * 3
-        T = k.shape[2]
+    Returns the folded operands and ``unfold(results, result_dims)``, their inverse."""
+    kinds = [kind(d) for d in dims]
+    varlen = CU in kinds
+    row = next(x for x, k in zip(operands, kinds) if k == ROWS)
+    B, T = row.shape[1:3]
+    cu = None
+    if varlen:
+        cu = operands[kinds.index(CU)]
         starts = cu[:, :-1] + (jnp.arange(n, dtype=cu.dtype) * T)[:, None]
         cu = jnp.append(starts.reshape(-1), jnp.asarray(n * T, cu.dtype)).astype(jnp.int32)
-        ci = chunk_indices_in_graph(cu, n * T, chunk_size)
-        outs = op(*(x.reshape((1, n * T) + x.shape[3:]) for x in rows), cu, ci)
-        return tuple(o.reshape((n, 1, T) + o.shape[2:]) for o in outs), (True,) * 3
+
+    def one(x, k):
+        if k == ROWS:
+            return x.reshape(((1, n * T) if varlen else (n * B, T)) + x.shape[3:])
+        if k == STATES:
+            return x.reshape((n * x.shape[1],) + x.shape[2:])
+        return cu if k == CU else chunk_indices_in_graph(cu, n * T, chunk_size)
+
+    def unfold(results, result_dims):
+        def back(y, d):
+            if kind(d) == ROWS:
+                return y.reshape((n, B, T) + y.shape[2:])
+            return y.reshape((n, y.shape[0] // n) + y.shape[1:])
+        return tuple(None if y is None else back(y, d) for y, d in zip(results, result_dims))
+
+    return [one(x, k) for x, k in zip(operands, kinds)], unfold
+
+
+def vmappable(fwd, dims, result_dims, *, chunk_size: int = 64):
+    """``fwd(*arrays) -> tuple`` with a vmap rule that folds ``n`` examples
+    into one call (:func:`fold`); ``dims`` and ``result_dims`` name the dims
+    of each array operand and result (module docstring). Arguments not
+    batched are broadcast to the ``n`` examples first."""
+    @jax.custom_batching.custom_vmap
+    def op(*arrays):
+        return tuple(fwd(*arrays))
+
+    @op.def_vmap
+    def _fold(n, in_batched, *arrays):
+        arrays = [x if batched else jnp.broadcast_to(x, (n,) + x.shape)
+                  for x, batched in zip(arrays, in_batched)]
+        folded, unfold = fold(n, arrays, dims, chunk_size)
+        return unfold(op(*folded), result_dims), (True,) * len(result_dims)
 
     return op

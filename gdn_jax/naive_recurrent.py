@@ -13,7 +13,8 @@ from .precision import HIGHEST, compute_dtype
 from .validate import as_array, check_gdn_args
 
 
-def prepare_gdn_args(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, *, same_dtype):
+def prepare_gdn_args(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, *, same_dtype,
+                     state_v_first=False):
     """Shared front of the GDN forwards: arrays, checks, default scale.
 
     Returns ``(q, k, v, g, beta, initial_state, cu_seqlens, dims, scale)`` with
@@ -23,7 +24,7 @@ def prepare_gdn_args(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, *, 
     q, k, v, g, beta, initial_state, cu_seqlens = map(
         as_array, (q, k, v, g, beta, initial_state, cu_seqlens))
     dims = check_gdn_args(op, q, k, v, g, beta, scale, initial_state, cu_seqlens,
-                          same_dtype=same_dtype)
+                          same_dtype=same_dtype, state_v_first=state_v_first)
     if scale is None:
         scale = dims.K ** -0.5
     return q, k, v, g, beta, initial_state, cu_seqlens, dims, scale

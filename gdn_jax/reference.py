@@ -74,8 +74,8 @@ def fwd_intra_jnp(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indice
     ct = compute_dtype(k.dtype, beta.dtype, *(() if g is None else (g.dtype,)))
     out_dtypes = (k.dtype, v.dtype, k.dtype)
     kk = jnp.repeat(k.astype(ct), H // Hg, axis=2)
-    v32, b32 = v.astype(ct), beta.astype(ct)
-    g32 = None if g is None else g.astype(ct)
+    v32, b32 = jnp.asarray(v, ct), jnp.asarray(beta, ct)  # NumPy inputs too (gathers by tracers)
+    g32 = None if g is None else jnp.asarray(g, ct)
 
     if cu_seqlens is None:
         # Each batch row is one sequence: pad T to whole chunks and reshape.

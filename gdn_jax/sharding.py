@@ -1,20 +1,22 @@
-"""``fwd_intra`` on sharded arrays: each device runs the kernels on its own block.
+"""The ops on sharded arrays: each device runs the kernels on its own block.
 
 XLA cannot look inside a Triton custom call, so under ``jax.jit`` it would
 gather sharded inputs onto every device and run the whole problem there.
-:func:`fwd_intra_sharded` wraps the per-device implementation (Triton or jnp)
+:func:`partitioned` wraps an op's per-device implementation (Triton or jnp)
 with :func:`jax.experimental.custom_partitioning.custom_partitioning`, which
-tells the partitioner (Shardy by default, or GSPMD) how the op may be split:
+tells the partitioner (Shardy by default, or GSPMD) how the op may be split.
+An op describes its arrays by a :class:`Layout`, one letter per dim:
 
-- batch ``B`` (dim 0 of every array) and heads (dim 2: ``H`` of ``v``, ``g``,
-  ``beta`` and the outputs, ``Hg`` of ``k``) may be sharded. Value head ``h``
-  reads key head ``h // (H // Hg)``, so a contiguous block of value heads needs
-  the matching block of key heads: both are split over the same mesh axes,
-  which needs ``Hg`` divisible by the number of head shards.
-- ``T`` and the head dims ``K``, ``V`` must be whole on each device (chunks and
-  the triangular solve span them); sharding there is gathered.
-- Packed varlen (``cu_seqlens``, ``B == 1``): heads only; ``cu_seqlens`` and
-  ``chunk_indices`` are replicated.
+- ``b`` batch rows and ``n`` sequences (the states' first dim, ``N = B`` for
+  fixed length) may be sharded, over the same mesh axes;
+- ``g`` key heads and ``h`` value heads may be sharded. Value head ``h``
+  reads key head ``h // (H // Hg)``, so a contiguous block of value heads
+  needs the matching block of key heads: both are split over the same mesh
+  axes, which needs ``Hg`` divisible by the number of head shards;
+- every other dim is whole on each device: ``T`` (chunks and the state
+  recurrence span it), the head dims, ``cu_seqlens`` (``s``) and the chunk
+  indices (``ij``). A sharding there is gathered.
+- Packed varlen (``cu_seqlens``, ``B == 1``): heads only.
 
 Any other sharding is not an error: the partitioner reshards the inputs to
 what :func:`_plan` asks for (heads or batch replicated where they cannot be
@@ -22,14 +24,14 @@ split), the same result, just with the gathers.
 
 Arrays whose types carry shardings (``Explicit`` mesh axes) enter through
 :func:`jax.sharding.auto_axes` (:func:`call_with_auto_axes`). Under
-``jax.grad`` / ``jax.vmap`` the op falls back to the plain per-device function
+``jax.vmap`` and ``jax.jvp`` an op falls back to its plain per-device function
 (custom_partitioning has no rules for them).
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -41,45 +43,16 @@ from .batching import split_arrays, vmappable
 from .reference import fwd_intra_jnp
 from .triton_launch import fwd_intra_triton
 
-
-class Static(NamedTuple):
-    """What the partitioned op is specialised on (its static argument)."""
-    impl: str  # "gluon", "triton", "split", "seed" or "reference"
-    chunk_size: int
-    use_g: bool  # g given
-    varlen: bool  # cu_seqlens and chunk_indices given
-    ratio: int  # GQA: H // Hg
+WHOLE = "t"  # a dim letter of no special meaning: never split
 
 
-def _per_device(static: Static, *arrays):
-    """``(w, u, A)`` of the blocks one device holds; ``arrays`` are ``k, v,
-    [g], beta, [cu_seqlens, chunk_indices]`` with shapes as ``fwd_intra``."""
-    if static.impl != "reference":
-        return _triton_op(static)(*arrays)
-    k, v, g, beta, cu, ci = split_arrays(arrays, static.use_g, static.varlen)
-    return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
-                         chunk_indices=ci)
-
-
-@functools.cache
-def _triton_op(static: Static):
-    """The Triton launch of ``static.impl`` over the arrays of ``_per_device``,
-    vmappable (:func:`gdn_jax.batching.vmappable`: jax-triton has no vmap
-    rule), and saying so when differentiated (the kernels are forward only)."""
-    def fwd(k, v, g, beta, cu, ci):
-        return fwd_intra_triton(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
-                                chunk_indices=ci, path=static.impl)
-
-    op = jax.custom_jvp(vmappable(fwd, use_g=static.use_g, varlen=static.varlen,
-                                  chunk_size=static.chunk_size))
-
-    @op.defjvp
-    def _no_derivative(primals, tangents):
-        raise NotImplementedError(
-            f"gdn_jax.fwd_intra: impl={static.impl!r} runs forward-only Triton kernels and has "
-            f"no derivative; differentiate impl='reference' (the jnp reference) instead")
-
-    return op
+class Layout(NamedTuple):
+    """The dims of an op's array operands and results, one letter per dim
+    (module docstring); ``varlen``: a packed batch, ``ratio``: ``H // Hg``."""
+    operands: tuple[str, ...]
+    results: tuple[str, ...]
+    varlen: bool
+    ratio: int
 
 
 def _axes(spec, dim: int) -> tuple[str, ...]:
@@ -93,9 +66,10 @@ def _entry(axes: tuple[str, ...]):
 
 
 def batch_head_axes(mesh, k, v, varlen: bool):
-    """``(batch, heads)``: the mesh axes (PartitionSpec entries) that the op
-    splits ``B`` and the heads over, for ``k [B, T, Hg, K]``, ``v [B, T, H, V]``
-    (anything with ``.shape`` and ``.sharding``).
+    """``(batch, heads)``: the mesh axes (PartitionSpec entries) that an op
+    splits ``B`` and the heads over, for a key-head array ``k [B, T, Hg, .]``
+    and a value-head array ``v [B, T, H, .]`` (anything with ``.shape`` and
+    ``.sharding``).
 
     Taken from ``v``'s sharding (else ``k``'s) where they divide ``B`` and
     ``Hg`` (so also ``H``); packed varlen splits heads only; ``None`` where the
@@ -116,77 +90,89 @@ def batch_head_axes(mesh, k, v, varlen: bool):
     return _entry(batch), _entry(pick(2, Hg, batch))
 
 
-def _plan(static: Static, mesh, arg_shapes):
-    """The shardings the op runs with: ``(operand shardings, result shardings)``.
-
-    ``k``, ``v``, ``g``, ``beta`` and the results split over the axes of
-    :func:`batch_head_axes` (``k``'s heads over the same axes as ``v``'s);
-    ``T``, ``K``, ``V``, ``cu_seqlens`` and ``chunk_indices`` whole.
-    """
-    b, h = batch_head_axes(mesh, arg_shapes[0], arg_shapes[1], static.varlen)
-    by_rank = {4: NamedSharding(mesh, P(b, None, h, None)), 3: NamedSharding(mesh, P(b, None, h)),
-               2: NamedSharding(mesh, P(None, None)), 1: NamedSharding(mesh, P(None))}
-    operands = tuple(by_rank[len(x.shape)] for x in arg_shapes)
-    return operands, (by_rank[4],) * 3
+def key_value_operands(layout: Layout, arrays):
+    """The first key-head (``btg..``) and value-head (``bth..``) arrays."""
+    key = next(x for x, d in zip(arrays, layout.operands) if d.startswith("btg"))
+    value = next(x for x, d in zip(arrays, layout.operands) if d.startswith("bth"))
+    return key, value
 
 
-def _partition(static: Static, mesh, arg_shapes, result_shape):
-    """The partitioner's callback: shardings to run with, and the per-device function."""
-    operands, results = _plan(static, mesh, arg_shapes)
-
-    def lower(*arrays):  # called from inside XLA's partitioner: no config timing there
-        with without_timing():
-            return _per_device(static, *arrays)
-
-    return mesh, lower, results, operands
+def spec_of(dims: str, batch, heads, varlen: bool) -> P:
+    """The ``PartitionSpec`` of an array of ``dims`` split over ``batch`` and ``heads``."""
+    def entry(d):
+        if d == "b" or (d == "n" and not varlen):
+            return batch
+        return heads if d in "gh" else None
+    return P(*map(entry, dims))
 
 
-def _infer(static: Static, mesh, arg_shapes, result_shape):
-    """GSPMD's question (when Shardy is off): the result shardings."""
-    return _plan(static, mesh, arg_shapes)[1]
+def _plan(layout: Layout, mesh, arg_shapes):
+    """The shardings the op runs with: ``(operand shardings, result shardings)``."""
+    b, h = batch_head_axes(mesh, *key_value_operands(layout, arg_shapes), layout.varlen)
+    shard = lambda dims: NamedSharding(mesh, spec_of(dims, b, h, layout.varlen))  # noqa: E731
+    return tuple(map(shard, layout.operands)), tuple(map(shard, layout.results))
 
 
-def _rule(static: Static, mesh, operand_types, result_types):
+def _rule(layout: Layout):
     """Shardy's einsum-like rule. Value heads are the compound factor
     ``(hg r)``: key head ``hg`` times the GQA ratio ``r = H // Hg``, so that a
-    head sharding moves between ``k`` and ``v`` by blocks."""
-    heads = "hg" if static.ratio == 1 else "(hg r)"
-    operands = ["b t hg k", f"b t {heads} v"] + [f"b t {heads}"] * (1 + static.use_g)
-    if static.varlen:
-        operands += ["n", "nt two"]
-    results = [f"b t {heads} k", f"b t {heads} v", f"b t {heads} c"]
-    rule = f"{', '.join(operands)} -> {', '.join(results)}"
+    head sharding moves between key and value arrays by blocks; ``n`` is
+    ``b`` for fixed length."""
+    heads = "hg" if layout.ratio == 1 else "(hg r)"
+    names = dict(b="b", g="hg", h=heads, n="n" if layout.varlen else "b")
+    rule = " -> ".join(", ".join(" ".join(names.get(d, d) for d in dims) for dims in side)
+                       for side in (layout.operands, layout.results))
     # Factors that must stay whole, in order of first appearance (Shardy wants them sorted).
-    names = rule.replace("(", " ").replace(")", " ").replace(",", " ").split()
-    whole = tuple(dict.fromkeys(f for f in names if f in ("t", "k", "v", "c", "n", "nt", "two")))
-    sizes = {} if static.ratio == 1 else {"r": static.ratio}
+    factors = rule.replace("(", " ").replace(")", " ").replace(",", " ").replace("->", " ").split()
+    whole = tuple(dict.fromkeys(f for f in factors if f not in ("b", "hg", "r")))
+    sizes = {} if layout.ratio == 1 else {"r": layout.ratio}
     return rule, dict(need_replication_factors=whole, **sizes)
 
 
-_fwd_intra_partitioned = custom_partitioning(_per_device, static_argnums=(0,))
-_fwd_intra_partitioned.def_partition(partition=_partition, infer_sharding_from_operands=_infer,
-                                     sharding_rule=_rule)
+def partitioned(per_device: Callable, layout_of: Callable):
+    """``per_device(static, *arrays) -> tuple`` as an op the SPMD partitioner
+    splits over batch and heads; ``layout_of(static)`` is its :class:`Layout`
+    (``static`` hashable)."""
+    op = custom_partitioning(per_device, static_argnums=(0,))
+
+    def partition(static, mesh, arg_shapes, result_shape):
+        operands, results = _plan(layout_of(static), mesh, arg_shapes)
+
+        def lower(*arrays):  # called from inside XLA's partitioner: no config timing there
+            with without_timing():
+                return per_device(static, *arrays)
+
+        return mesh, lower, results, operands
+
+    op.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=lambda static, mesh, args, result: _plan(
+            layout_of(static), mesh, args)[1],
+        sharding_rule=lambda static, mesh, operands, results: _rule(layout_of(static)))
+    return op
 
 
 @functools.cache
-def _transformable(static: Static):
-    """The partitioned op, plus the jvp and vmap rules custom_partitioning lacks:
-    both use the plain per-device function (as before this module), so the jnp
-    reference stays differentiable and vmappable (XLA partitions its jnp itself)."""
-    plain = functools.partial(_per_device, static)
+def transformable(op, per_device: Callable, static):
+    """The partitioned ``op`` at ``static``, plus the jvp and vmap rules
+    custom_partitioning lacks: both use the plain per-device function, so a
+    jnp implementation stays differentiable and vmappable (XLA partitions its
+    jnp itself)."""
+    plain = functools.partial(per_device, static)
 
     @jax.custom_batching.custom_vmap
-    def op(*arrays):
-        return tuple(_fwd_intra_partitioned(static, *arrays))
+    def call(*arrays):
+        return tuple(op(static, *arrays))
 
-    @op.def_vmap
+    @call.def_vmap
     def _vmap(axis_size, in_batched, *arrays):
         in_axes = tuple(0 if batched else None for batched in in_batched)
-        return jax.vmap(plain, in_axes=in_axes)(*arrays), (True,) * 3
+        out = jax.vmap(plain, in_axes=in_axes)(*arrays)
+        return out, (True,) * len(out)
 
-    op = jax.custom_jvp(op)
-    op.defjvp(lambda primals, tangents: jax.jvp(plain, primals, tangents))
-    return op
+    call = jax.custom_jvp(call)
+    call.defjvp(lambda primals, tangents: jax.jvp(plain, primals, tangents))
+    return call
 
 
 def explicit_mesh(arrays):
@@ -206,7 +192,8 @@ def call_with_auto_axes(f, args, k, v, varlen: bool, result_specs):
     sharding-free types, and XLA's partitioner then sees the shardings.
 
     ``result_specs(batch, heads)`` gives the ``PartitionSpec`` of each result
-    (a pytree, ``None`` for an absent result) from :func:`batch_head_axes`.
+    (a pytree, ``None`` for an absent result) from :func:`batch_head_axes`
+    of the key-head array ``k`` and the value-head array ``v``.
     """
     mesh = explicit_mesh(args)
     if mesh is None:
@@ -217,24 +204,87 @@ def call_with_auto_axes(f, args, k, v, varlen: bool, result_specs):
     return jax.sharding.auto_axes(f, out_sharding=out)(*args)
 
 
+def sharded_call(op, per_device: Callable, static, layout: Layout, arrays):
+    """``per_device(static, *arrays)``, split over batch and heads under
+    ``jax.jit`` where the arrays are sharded (``op``: :func:`partitioned`
+    of ``per_device``). On one device, the plain per-device function."""
+    if jax.device_count() == 1:  # nothing to partition: the plain launch
+        return per_device(static, *arrays)
+    k, v = key_value_operands(layout, arrays)
+    with without_timing():  # custom_partitioning traces per_device at the global shapes
+        return call_with_auto_axes(
+            transformable(op, per_device, static), arrays, k, v, layout.varlen,
+            lambda b, h: tuple(spec_of(d, b, h, layout.varlen) for d in layout.results))
+
+
+# --------------------------------------------------------------------------- fwd_intra
+
+class Static(NamedTuple):
+    """What the partitioned ``fwd_intra`` is specialised on (its static argument)."""
+    impl: str  # "gluon", "triton", "split", "seed" or "reference"
+    chunk_size: int
+    use_g: bool  # g given
+    varlen: bool  # cu_seqlens and chunk_indices given
+    ratio: int  # GQA: H // Hg
+
+
+def _intra_layout(static: Static) -> Layout:
+    """``k, v, [g], beta, [cu_seqlens, chunk_indices] -> w, u, A``."""
+    operands = ("btgk", "bthv") + ("bth",) * (1 + static.use_g) + (("s", "ij") if static.varlen else ())
+    return Layout(operands, ("bthk", "bthv", "btha"), static.varlen, static.ratio)
+
+
+def _per_device(static: Static, *arrays):
+    """``(w, u, A)`` of the blocks one device holds; ``arrays`` are ``k, v,
+    [g], beta, [cu_seqlens, chunk_indices]`` with shapes as ``fwd_intra``."""
+    if static.impl != "reference":
+        return _triton_op(static)(*arrays)
+    k, v, g, beta, cu, ci = split_arrays(arrays, static.use_g, static.varlen)
+    return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
+                         chunk_indices=ci)
+
+
+@functools.cache
+def _triton_op(static: Static):
+    """The Triton launch of ``static.impl`` over the arrays of ``_per_device``,
+    vmappable (:func:`gdn_jax.batching.vmappable`: jax-triton has no vmap
+    rule), and saying so when differentiated (the kernels are forward only)."""
+    layout = _intra_layout(static)
+
+    def fwd(*arrays):
+        k, v, g, beta, cu, ci = split_arrays(arrays, static.use_g, static.varlen)
+        return fwd_intra_triton(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
+                                chunk_indices=ci, path=static.impl)
+
+    op = jax.custom_jvp(vmappable(fwd, layout.operands, layout.results,
+                                  chunk_size=static.chunk_size))
+
+    @op.defjvp
+    def _no_derivative(primals, tangents):
+        raise NotImplementedError(
+            f"gdn_jax.fwd_intra: impl={static.impl!r} runs forward-only Triton kernels and has "
+            f"no derivative; differentiate impl='reference' (the jnp reference) instead")
+
+    return op
+
+
+_fwd_intra_partitioned = partitioned(_per_device, _intra_layout)
+
+
 def fwd_intra_sharded(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                       impl="reference"):
     """``fwd_intra`` that the SPMD partitioner splits over batch and heads.
 
     Inputs as :func:`gdn_jax.fwd_intra`, already checked, ``impl`` resolved to
-    ``"triton"``, ``"seed"`` or ``"reference"``, and with ``cu_seqlens`` both it and
-    ``chunk_indices`` int32 jax arrays
-    (:func:`gdn_jax.chunk_indices.varlen_work_list`). Under ``jax.jit`` with
-    arrays sharded over ``B`` and/or heads, each device computes its block and
-    ``w [B, T, H, K]``, ``u [B, T, H, V]``, ``A [B, T, H, 64]`` come out
-    sharded the same way (see the module docstring). On one device, or
-    outside ``jax.jit``, it is the plain per-device function.
+    a path (``"gluon"``, ``"triton"``, ``"split"``, ``"seed"`` or
+    ``"reference"``), and with ``cu_seqlens`` both it and ``chunk_indices``
+    int32 jax arrays (:func:`gdn_jax.chunk_indices.varlen_work_list`). Under
+    ``jax.jit`` with arrays sharded over ``B`` and/or heads, each device
+    computes its block and ``w [B, T, H, K]``, ``u [B, T, H, V]``, ``A [B, T,
+    H, 64]`` come out sharded the same way (see the module docstring). On one
+    device, or outside ``jax.jit``, it is the plain per-device function.
     """
     static = Static(impl, chunk_size, g is not None, cu_seqlens is not None,
                     v.shape[2] // k.shape[2])
     arrays = [x for x in (k, v, g, beta, cu_seqlens, chunk_indices) if x is not None]
-    if jax.device_count() == 1:  # nothing to partition: the plain launch
-        return _per_device(static, *arrays)
-    with without_timing():  # custom_partitioning traces _per_device at the global shapes
-        return call_with_auto_axes(_transformable(static), arrays, k, v, static.varlen,
-                                   lambda b, h: (P(b, None, h, None),) * 3)
+    return sharded_call(_fwd_intra_partitioned, _per_device, static, _intra_layout(static), arrays)

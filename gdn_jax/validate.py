@@ -162,6 +162,12 @@ def check_fwd_intra_args(k, v, g, beta, cu_seqlens, chunk_size, chunk_indices) -
         check_chunk_indices(op, chunk_indices, cu_seqlens)
 
 
+def kernel_dtypes(*arrays) -> bool:
+    """True when every given array is bfloat16, float16 or float32 (what the
+    Triton kernels take); ``impl="auto"`` runs the jnp reference otherwise."""
+    return all(x is None or jnp.dtype(x.dtype) in KERNEL_DTYPES for x in arrays)
+
+
 def check_kernel_dtypes(op: str, **arrays) -> None:
     """The Triton kernels take bfloat16, float16 and float32 only."""
     for name, x in arrays.items():
@@ -183,11 +189,12 @@ class GdnDims(NamedTuple):
 
 
 def check_gdn_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens,
-                   *, same_dtype: bool) -> GdnDims:
+                   *, same_dtype: bool, state_v_first: bool = False) -> GdnDims:
     """Checks the arguments of the whole GDN forward and returns its dimensions.
 
     ``same_dtype`` asks ``q``, ``k`` and ``v`` to share one dtype (the fused
-    kernels read ``k`` and ``v`` with one element type).
+    kernels read ``k`` and ``v`` with one element type); ``state_v_first``:
+    ``initial_state`` is ``[N, H, V, K]``.
     """
     for name, x in (("g", g), ("beta", beta)):
         if x is None:
@@ -220,11 +227,12 @@ def check_gdn_args(op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens,
         check_cu_seqlens(op, cu_seqlens, B, T)
         N = cu_seqlens.shape[0] - 1
     if initial_state is not None:
-        _check_rank(op, "initial_state", initial_state, 4, "[N, H, K, V]")
+        layout, want = ("[N, H, V, K]", (N, H, V, K)) if state_v_first else ("[N, H, K, V]", (N, H, K, V))
+        _check_rank(op, "initial_state", initial_state, 4, layout)
         _check_float(op, "initial_state", initial_state)
-        _check_shape(op, "initial_state", initial_state, (N, H, K, V), "[N, H, K, V]",
-                     "N = len(cu_seqlens) - 1 sequences" if cu_seqlens is not None
-                     else "N = B sequences")
+        _check_shape(op, "initial_state", initial_state, want, layout,
+                     ("N = len(cu_seqlens) - 1 sequences" if cu_seqlens is not None
+                      else "N = B sequences") + (", state_v_first=True" if state_v_first else ""))
     return GdnDims(B, T, Hg, H, K, V, N)
 
 

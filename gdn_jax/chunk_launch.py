@@ -1,0 +1,94 @@
+"""Launch of ``kernels/chunk_fwd.py`` (the state walk with the output) through jax-triton."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .autotune import autotune_enabled, timing_allowed
+from .chunk_indices import cdiv
+from .triton_launch import GRID_LIMITS, TIMING_ROWS, dot_precision, launch
+from .validate import check_kernel_dtypes
+
+BT = 64
+
+
+def chunk_fwd_grid(N: int, H: int, V: int, BV: int) -> tuple[int]:
+    """One program per (V block, value head, sequence), on axis 0."""
+    return (cdiv(V, BV) * H * N,)
+
+
+def chunk_fwd_constexprs(Hg, H, K, V, use_h0, store_final, varlen, v_first, precision) -> dict:
+    """The kernel's constexprs (shared by the JAX and the torch launch)."""
+    return dict(H=H, Hg=Hg, K=K, V=V, BT=BT, BK=max(16, 1 << (K - 1).bit_length()),
+                USE_H0=bool(use_h0), STORE_FINAL=bool(store_final), IS_VARLEN=bool(varlen),
+                STATE_V_FIRST=bool(v_first), DOT_PRECISION=precision)
+
+
+def check_chunk_grid(N: int, H: int, V: int) -> None:
+    programs = chunk_fwd_grid(N, H, V, 32)[0]  # the narrowest V block of the configs
+    if programs > GRID_LIMITS[0]:
+        raise ValueError(
+            f"chunk_gated_delta_rule: {N} sequences x {H} value heads x {cdiv(V, 32)} V blocks "
+            f"= {programs} programs, over CUDA's grid limit of {GRID_LIMITS[0]}; split the call")
+
+
+def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, **kwargs):
+    """Past :data:`gdn_jax.triton_launch.TIMING_ROWS` rows, choose the configs
+    on an abstract launch of at most that many rows (same heads, dims, dtypes
+    and flags, so the same config key): the real launch then finds them chosen."""
+    B, T = u.shape[:2]
+    if B * T <= TIMING_ROWS or not (autotune_enabled() and timing_allowed()):
+        return
+    rows = (max(1, min(B, TIMING_ROWS // T)), min(T, TIMING_ROWS))
+    fewer = lambda x: jax.ShapeDtypeStruct(rows + x.shape[2:], x.dtype)  # noqa: E731
+    n = rows[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    state = None if h0 is None else jax.ShapeDtypeStruct((n,) + h0.shape[1:], h0.dtype)
+    jax.eval_shape(functools.partial(chunk_fwd_triton, **kwargs), *map(fewer, (q, k, w, u, gc)),
+                   state, cu_seqlens)
+
+
+def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
+                     output_final_state=True, state_v_first=False):
+    """``(o, final_state)`` of the chunk walk (``kernels/chunk_fwd.py``).
+
+    Args (already checked, shapes as :func:`gdn_jax.chunk_gated_delta_rule`):
+      q, k: ``[B, T, Hg, K]``; w: ``[B, T, H, K]``; u: ``[B, T, H, V]``, all of
+        one dtype (bfloat16, float16 or float32).
+      gc: ``[B, T, H]`` float32 chunk-local cumulative log gates.
+      initial_state: ``[N, H, K, V]`` float32 (``[N, H, V, K]`` with
+        ``state_v_first``), or None for zeros.
+      cu_seqlens: ``[N + 1]`` int32 of a packed batch (``B == 1``), or None.
+      scale: the query scale, a Python number.
+
+    Returns:
+      ``o [B, T, H, V]`` in u's dtype; the final states (float32, the layout
+      of ``initial_state``) or None unless ``output_final_state``.
+    """
+    check_kernel_dtypes("chunk_gated_delta_rule", q=q, k=k, w=w, u=u)
+    B, T, Hg, K = q.shape
+    H, V = u.shape[2], u.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    state_shape = (N, H, V, K) if state_v_first else (N, H, K, V)
+    o_type = jax.ShapeDtypeStruct((B, T, H, V), u.dtype)
+    ht_type = jax.ShapeDtypeStruct(state_shape if output_final_state else (1,), jnp.float32)
+    if N * H == 0:
+        return jnp.zeros(o_type.shape, o_type.dtype), (
+            jnp.zeros(state_shape, jnp.float32) if output_final_state else None)
+    check_chunk_grid(N, H, V)
+    kwargs = dict(scale=scale, output_final_state=output_final_state, state_v_first=state_v_first)
+    _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, **kwargs)
+    from .kernels.chunk_fwd import gdn_chunk_fwd_kernel
+
+    # jax-triton 0.3 takes no None operand: 1-element dummies, flagged unused.
+    dummy = jnp.zeros((1,), jnp.int32)
+    operands = (q, k, w, u, gc, dummy if initial_state is None else initial_state,
+                dummy if cu_seqlens is None else cu_seqlens, np.float32(scale), T)
+    o, ht = launch("chunk_fwd", gdn_chunk_fwd_kernel, operands, out=(o_type, ht_type),
+                   grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]),
+                   **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None,
+                                          output_final_state, cu_seqlens is not None,
+                                          state_v_first, dot_precision()))
+    return o, (ht if output_final_state else None)

@@ -1,0 +1,97 @@
+"""The chunk walk as an op: the state recurrence over chunks and the output,
+after ``fwd_intra`` (docs/math.md, "Chunk form").
+
+``chunk_walk(q, k, w, u, gc, h0, cu_seqlens, chunk_indices) -> (o, final)``
+runs the Triton kernel (:mod:`gdn_jax.chunk_launch`) or its jnp reference
+(:func:`gdn_jax.chunk_jnp.chunk_walk_jnp`), split over batch and heads under
+``jax.jit`` (:mod:`gdn_jax.sharding`), with a vmap rule for the Triton launch
+(:mod:`gdn_jax.batching`).
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from .batching import vmappable
+from .chunk_jnp import chunk_walk_jnp
+from .chunk_launch import chunk_fwd_triton
+from .options import state_from_k_major, state_to_k_major
+from .sharding import Layout, partitioned, sharded_call
+
+
+class WalkStatic(NamedTuple):
+    """What the walk op is specialised on (its static argument)."""
+    triton: bool  # the Triton kernel, else the jnp reference
+    scale: float
+    use_h0: bool
+    final: bool  # return the final states
+    varlen: bool
+    v_first: bool  # states [N, H, V, K]
+    ratio: int  # GQA: H // Hg
+
+
+def _layout(static: WalkStatic) -> Layout:
+    """``q, k, w, u, gc, [h0], [cu_seqlens, chunk_indices] -> o, [final]``."""
+    state = "nhvk" if static.v_first else "nhkv"
+    operands = ("btgk", "btgk", "bthk", "bthv", "bth") + ((state,) if static.use_h0 else ()) \
+        + (("s", "ij") if static.varlen else ())
+    return Layout(operands, ("bthv",) + ((state,) if static.final else ()), static.varlen,
+                  static.ratio)
+
+
+def _split(static: WalkStatic, arrays):
+    arrays = list(arrays)
+    q, k, w, u, gc = arrays[:5]
+    rest = arrays[5:]
+    h0 = rest.pop(0) if static.use_h0 else None
+    cu, ci = rest if static.varlen else (None, None)
+    return q, k, w, u, gc, h0, cu, ci
+
+
+def _per_device(static: WalkStatic, *arrays):
+    """``(o, [final])`` of the blocks one device holds."""
+    if static.triton:
+        return _triton_op(static)(*arrays)
+    q, k, w, u, gc, h0, cu, ci = _split(static, arrays)
+    B, H, K, V = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
+    N = B if cu is None else cu.shape[0] - 1
+    h0 = jnp.zeros((N, H, K, V), jnp.float32) if h0 is None else state_to_k_major(h0, static.v_first)
+    o, final = chunk_walk_jnp(q, k, w, u, gc, h0, cu, ci, scale=static.scale)
+    return (o,) + ((state_from_k_major(final, static.v_first),) if static.final else ())
+
+
+@functools.cache
+def _triton_op(static: WalkStatic):
+    """The kernel's launch over the arrays of ``_per_device``, vmappable."""
+    layout = _layout(static)
+
+    def fwd(*arrays):
+        q, k, w, u, gc, h0, cu, _ = _split(static, arrays)
+        o, final = chunk_fwd_triton(q, k, w, u, gc, h0, cu, scale=static.scale,
+                                    output_final_state=static.final, state_v_first=static.v_first)
+        return (o,) + ((final,) if static.final else ())
+
+    return vmappable(fwd, layout.operands, layout.results)
+
+
+_partitioned = partitioned(_per_device, _layout)
+
+
+def chunk_walk(q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices, *, scale,
+               output_final_state, state_v_first, triton):
+    """``(o, final_state or None)``: the walk over checked arrays (shapes as
+    :func:`gdn_jax.chunk_jnp.chunk_walk_jnp`, states in the layout
+    ``state_v_first`` says; ``initial_state`` may be None), on the Triton
+    kernel or in jnp; ``scale`` a Python number."""
+    static = WalkStatic(bool(triton), float(scale), initial_state is not None,
+                        bool(output_final_state), cu_seqlens is not None, bool(state_v_first),
+                        u.shape[2] // q.shape[2])
+    if static.use_h0 and static.triton:
+        initial_state = initial_state.astype(jnp.float32)
+    arrays = [x for x in (q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices)
+              if x is not None]
+    out = sharded_call(_partitioned, _per_device, static, _layout(static), arrays)
+    return out[0], (out[1] if static.final else None)
+

@@ -1,0 +1,144 @@
+"""The GDN forward after ``fwd_intra``: the state walk over chunks with the output.
+
+Written from docs/math.md's chunk form. One program per (sequence, value head,
+block of ``BV`` value columns) walks its sequence's 64-row chunks in order
+with the state ``S [K, BV]`` on chip (float32, in registers) and, per chunk
+with rows ``i, j < n`` (``w, u`` of ``fwd_intra``, ``gc`` the chunk-local
+cumulative log gates, ``gl = gc[n - 1]``)::
+
+    v'     = u - w S
+    o      = scale (exp(gc) * (q S) + tril(q k^T * exp(gc_i - gc_j)) v')
+    S_next = exp(gl) S + (k * exp(gl - gc))^T v'
+
+so neither the states entering each chunk nor ``v'`` go through HBM: the
+kernel reads ``q, k, w, u, gc`` once (q and k once per value head and V
+block; neighbouring programs share them through L2) and writes ``o`` and the
+final state. The state is rounded to the inputs' dtype for the tensor-core
+dots (float32 inputs: tf32), as flash-linear-attention does.
+
+Program ids: axis 0 only, the V block fastest, then the value head, then the
+sequence, so that programs reading the same q/k rows (V blocks, the GQA heads
+of one key head) run side by side. Offsets of rows are 64-bit. Plain pointer
+arithmetic with masks (no block pointers: triton 3.9 removed them). Parameter
+order follows jax-triton: inputs, the scalars, the outputs, the constexprs.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def sequence_rows(i_n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
+    """``(bos, length)`` of sequence ``i_n``: its first row (64-bit) and its
+    number of rows (each batch row is one sequence of ``T`` without ``IS_VARLEN``)."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        return bos, tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    else:
+        return i_n.to(tl.int64) * T, T
+
+
+@triton.jit
+def state_tile(i_n, i_h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr, STATE_V_FIRST: tl.constexpr):
+    """Offsets ``[BK, BV]`` of state ``(i_n, i_h)``'s columns ``i_v * BV ..``
+    in an ``[N, H, K, V]`` tensor (``[N, H, V, K]`` with ``STATE_V_FIRST``),
+    and their mask."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    base = (i_n.to(tl.int64) * H + i_h) * (K * V)
+    if STATE_V_FIRST:
+        offsets = base + o_v[None, :] * K + o_k[:, None]
+    else:
+        offsets = base + o_k[:, None] * V + o_v[None, :]
+    return offsets, (o_k < K)[:, None] & (o_v < V)[None, :]
+
+
+@triton.autotune(
+    configs=[
+        triton.Config({"BV": BV}, num_warps=num_warps, num_stages=num_stages)
+        for BV in [32, 64]
+        for num_warps in [4, 8]
+        for num_stages in [2, 3]
+    ],
+    key=["H", "Hg", "K", "V", "BK", "USE_H0", "STORE_FINAL", "IS_VARLEN", "STATE_V_FIRST"],
+)
+@triton.jit(do_not_specialize=["T"])
+def gdn_chunk_fwd_kernel(
+    q,
+    k,
+    w,
+    u,
+    gc,
+    h0,
+    cu_seqlens,
+    scale,
+    T,
+    o,
+    ht,
+    H: tl.constexpr,
+    Hg: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    STATE_V_FIRST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    NV: tl.constexpr = tl.cdiv(V, BV)
+    pid = tl.program_id(0)
+    i_v = pid % NV
+    i_h = (pid // NV) % H
+    i_n = pid // (NV * H)
+    bos, seq_len = sequence_rows(i_n, cu_seqlens, T, IS_VARLEN)
+    i_hk = i_h // (H // Hg)  # GQA: the key head this value head reads
+
+    s_offsets, s_mask = state_tile(i_n, i_h, i_v, H, K, V, BK, BV, STATE_V_FIRST)
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_s = tl.load(h0 + s_offsets, mask=s_mask, other=0).to(tl.float32)
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    causal = o_t[:, None] >= o_t[None, :]
+    # The sequence's first row, at this program's heads.
+    q += (bos * Hg + i_hk) * K
+    k += (bos * Hg + i_hk) * K
+    w += (bos * H + i_h) * K
+    u += (bos * H + i_h) * V
+    o += (bos * H + i_h) * V
+    gc += bos * H + i_h
+
+    for i_c in range(tl.cdiv(seq_len, BT)):
+        r = (i_c * BT + o_t).to(tl.int64)  # rows of this chunk, from the sequence start
+        m_t = r < seq_len
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_q = tl.load(q + r[:, None] * (Hg * K) + o_k[None, :], mask=m_tk, other=0)
+        b_k = tl.load(k + r[:, None] * (Hg * K) + o_k[None, :], mask=m_tk, other=0)
+        b_w = tl.load(w + r[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0)
+        b_u = tl.load(u + r[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
+        b_g = tl.load(gc + r * H, mask=m_t, other=0).to(tl.float32)
+        last = (tl.minimum(i_c * BT + BT, seq_len) - 1).to(tl.int64)
+        g_last = tl.load(gc + last * H).to(tl.float32)
+
+        b_sx = b_s.to(b_w.dtype)
+        b_v = b_u - tl.dot(b_w, b_sx, input_precision=DOT_PRECISION)  # v', zero past the end
+        b_o = tl.dot(b_q, b_sx, input_precision=DOT_PRECISION) * tl.exp(b_g)[:, None]
+        b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+        b_a = b_a * tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], float("-inf")))
+        b_o += tl.dot(b_a.to(b_w.dtype), b_v.to(b_w.dtype), input_precision=DOT_PRECISION)
+        tl.store(o + r[:, None] * (H * V) + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
+                 mask=m_tv)
+
+        b_vd = (b_v * tl.exp(g_last - b_g)[:, None]).to(b_k.dtype)
+        b_s = b_s * tl.exp(g_last) + tl.dot(tl.trans(b_k), b_vd, input_precision=DOT_PRECISION)
+
+    if STORE_FINAL:
+        tl.store(ht + s_offsets, b_s, mask=s_mask)
