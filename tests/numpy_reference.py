@@ -106,3 +106,38 @@ def check_against_numpy(outs, ref, dtype, B, T, cu_seqlens=None, tol=None) -> di
     off = ~a_support(B, T, cu_seqlens)[:, :, None, :]
     assert (np.broadcast_to(off, A.shape) <= (A == 0)).all(), "A is not zero off its support"
     return errs
+
+
+def gdn_recurrence_numpy(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None):
+    """SPEC.md's per-token recurrence in float64 NumPy, one token at a time,
+    vectorised over batch rows and heads (fast enough for the GPU tests'
+    shapes): ``S = exp(g_t) S; v'_t = beta_t (v_t - S^T k_t); S += k_t v'_t^T;
+    o_t = S^T (scale q_t)``. Per-step natural-log gates ``g``, states
+    ``[N, H, K, V]``; returns ``(o [B, T, H, V], final [N, H, K, V])``."""
+    q, k, v, g, beta = (np.asarray(x, np.float64) for x in (q, k, v, g, beta))
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2:]
+    scale = K ** -0.5 if scale is None else scale
+    rep = lambda x: np.repeat(x, H // Hg, axis=-2)  # noqa: E731  GQA: head h reads h // (H // Hg)
+    qq, kk = rep(q) * scale, rep(k)
+    o = np.zeros((B, T, H, V))
+    if cu_seqlens is None:
+        rows = [(slice(None), 0, T)]  # all batch rows at once
+        N = B
+    else:
+        cu = [int(x) for x in np.asarray(cu_seqlens)]
+        rows = [(slice(0, 1), cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
+        N = len(cu) - 1
+    final = np.zeros((N, H, K, V)) if h0 is None else np.array(h0, np.float64)
+    for n, (b, bos, eos) in enumerate(rows):
+        S = final.copy() if cu_seqlens is None else final[n:n + 1].copy()  # [M, H, K, V]
+        for t in range(bos, eos):
+            S *= np.exp(g[b, t])[..., None, None]
+            v_new = beta[b, t][..., None] * (v[b, t] - np.einsum("mhk,mhkv->mhv", kk[b, t], S))
+            S += kk[b, t][..., :, None] * v_new[..., None, :]
+            o[b, t] = np.einsum("mhk,mhkv->mhv", qq[b, t], S)
+        if cu_seqlens is None:
+            final = S
+        else:
+            final[n] = S[0]
+    return o, final

@@ -58,9 +58,15 @@ def examples(n, B, T, use_g=True, cus=None):
     return [None if draws[0][i] is None else jnp.stack([d[i] for d in draws]) for i in range(4)]
 
 
+INTRA_RESULTS = ("bthk", "bthv", "btha")
+
+
 def fixed_op(use_g=True):
-    return vmappable(unbatchable(lambda k, v, g, beta, cu, ci: fwd_intra_jnp(k, v, g, beta)),
-                     use_g=use_g, varlen=False, chunk_size=64)
+    def fwd(*arrays):
+        k, v, g, beta = arrays if use_g else (arrays[0], arrays[1], None, arrays[2])
+        return fwd_intra_jnp(k, v, g, beta)
+    dims = ("btgk", "bthv") + ("bth",) * (1 + use_g)
+    return vmappable(unbatchable(fwd), dims, INTRA_RESULTS)
 
 
 @pytest.mark.parametrize("use_g", [True, False])
@@ -94,7 +100,7 @@ def test_nested_vmaps_fold_once_per_level():
 def varlen_op():
     def fwd(k, v, g, beta, cu, ci):
         return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_indices=ci)
-    return vmappable(unbatchable(fwd), use_g=True, varlen=True, chunk_size=64)
+    return vmappable(unbatchable(fwd), ("btgk", "bthv", "bth", "bth", "s", "ij"), INTRA_RESULTS)
 
 
 CUS = [np.array(c, np.int32) for c in (
@@ -169,3 +175,53 @@ def test_derivative_of_a_triton_path_raises_naming_the_way_out(triton_launch_as_
     with pytest.raises(NotImplementedError, match="differentiate impl='reference'"):
         jax.jvp(lambda k: gdn_jax.fwd_intra(k, v, g, beta, impl=impl), (k,), (k,))
     jax.grad(lambda k: gdn_jax.fwd_intra(k, v, g, beta, impl="reference")[0].sum())(k)
+
+
+@pytest.fixture
+def chunk_kernel_as_reference(triton_launch_as_reference, monkeypatch):
+    """The whole forward's Triton path on this CPU: fwd_intra's launch as above,
+    and the chunk walk's launch replaced by the jnp walk, refusing batched
+    inputs as jax-triton does."""
+    from gdn_jax import chunk_walk
+    from gdn_jax.chunk_jnp import chunk_walk_jnp
+
+    def launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first):
+        B, H, Kd, Vd = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
+        N = B if cu is None else cu.shape[0] - 1
+        h0 = jnp.zeros((N, H, Kd, Vd), jnp.float32) if h0 is None else h0
+        ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
+        return chunk_walk_jnp(q, k, w, u, gc, h0, cu, ci, scale=scale)
+
+    monkeypatch.setattr(chunk_walk, "chunk_fwd_triton", unbatchable(launch))
+    chunk_walk._triton_op.cache_clear()
+    yield
+    chunk_walk._triton_op.cache_clear()
+
+
+def test_vmap_of_the_whole_forward_on_the_triton_path(chunk_kernel_as_reference):
+    from test_naive_recurrent import make_inputs as gdn_inputs
+
+    rng = np.random.default_rng(5)
+    draws = [gdn_inputs(rng, 2, 90, Hg, H, K, V) for _ in range(2)]
+    q, k, v, g, beta = (jnp.stack(x) for x in zip(*draws))
+    h0 = jnp.asarray(rng.standard_normal((2, 2, H, K, V)), jnp.float32)
+    f = lambda *a: gdn_jax.chunk_gated_delta_rule(*a[:5], initial_state=a[5], output_final_state=True,  # noqa: E731
+                                                  impl="triton")
+    o, final = jax.jit(jax.vmap(f))(q, k, v, g, beta, h0)
+    for e, d in enumerate(draws):
+        o_e, f_e = gdn_jax.chunk_gated_delta_rule(*d, initial_state=h0[e], output_final_state=True,
+                                                  impl="reference")
+        np.testing.assert_allclose(o[e], o_e, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(final[e], f_e, rtol=2e-5, atol=2e-6)
+    cu = jnp.asarray([[0, 0, 70, 100, 180], [0, 180, 180, 180, 180]], jnp.int32)
+    packed = [gdn_inputs(rng, 1, 180, Hg, H, K, V) for _ in range(2)]
+    q, k, v, g, beta = (jnp.stack(x) for x in zip(*packed))
+    h0 = jnp.asarray(rng.standard_normal((2, 4, H, K, V)), jnp.float32)
+    f = lambda *a: gdn_jax.chunk_gated_delta_rule(*a[:5], initial_state=a[5], cu_seqlens=a[6],  # noqa: E731
+                                                  output_final_state=True, impl="triton")
+    o, final = jax.vmap(f)(q, k, v, g, beta, h0, cu)
+    for e, d in enumerate(packed):
+        o_e, f_e = gdn_jax.chunk_gated_delta_rule(*d, initial_state=h0[e], cu_seqlens=np.asarray(cu[e]),
+                                                  output_final_state=True, impl="reference")
+        np.testing.assert_allclose(o[e], o_e, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(final[e], f_e, rtol=2e-5, atol=2e-6)

@@ -1,4 +1,5 @@
-"""chunk_gated_delta_rule against the per-token recurrence (CPU) and Triton against jnp (GPU)."""
+"""chunk_gated_delta_rule on the jnp path against the per-token recurrence, its
+options, and its errors (CPU; the GPU path is tests/test_chunk_gpu.py)."""
 from __future__ import annotations
 
 import jax
@@ -6,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from numpy_reference import rel_err as rel
+
+import gdn_jax
 from test_naive_recurrent import gdn_numpy, make_inputs
 
-from gdn_jax.backend import cuda_available
 from gdn_jax.chunk import chunk_gated_delta_rule
 from gdn_jax.naive_recurrent import naive_recurrent_gated_delta_rule
 
@@ -136,42 +138,107 @@ def test_bad_cu_seqlens_values():
         chunk_gated_delta_rule(*args, cu_seqlens=np.array([0, 4, 9], np.int32))
 
 
-# --------------------------------------------------------------------------- GPU
+# --------------------------------------------------------------------------- options
 
-gpu = pytest.mark.skipif(not cuda_available(), reason="needs an NVIDIA GPU (jax-triton)")
-TOL = {jnp.float32: 2e-3, jnp.bfloat16: 2e-2}
-
-
-def _triton_vs_reference(dtype, T, cu=None, jit_cu=False):
-    rng = np.random.default_rng(T)
-    B = 1 if cu is not None else 2
-    Hg, H, K, V = 2, 4, 128, 128
-    q, k, v, g, beta = make_inputs(rng, B, T, Hg, H, K, V, dtype=dtype)
-    N = B if cu is None else len(cu) - 1
-    h0 = 0.1 * rng.standard_normal((N, H, K, V)).astype(np.float32)
-    cu = None if cu is None else (jnp.asarray(cu) if jit_cu else np.asarray(cu))
-    o, final = chunk_jit(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                         cu_seqlens=cu, impl="triton")
-    assert o.dtype == dtype
-    up = [jnp.asarray(x).astype(jnp.float32) for x in (q, k, v)]  # bf16-rounded inputs
-    o_ref, final_ref = chunk_jit(*up, g, beta, initial_state=h0, output_final_state=True,
-                                 cu_seqlens=cu, impl="reference")
-    assert bool(jnp.isfinite(o.astype(jnp.float32)).all())
-    assert rel(o, o_ref) < TOL[dtype], rel(o, o_ref)
-    assert rel(final, final_ref) < TOL[dtype], rel(final, final_ref)
+def _softplus(x):
+    return np.logaddexp(0.0, x)
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("T", [1000, 4096])
-def test_triton_matches_reference(dtype, T):
-    _triton_vs_reference(dtype, T)
+def _l2(x):
+    return x / np.sqrt((x.astype(np.float64) ** 2).sum(-1, keepdims=True) + 1e-6)
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("jit_cu", [False, True])
-def test_triton_matches_reference_varlen(dtype, jit_cu):
-    _triton_vs_reference(dtype, 4096, cu=[0, 1, 700, 700, 2050, 4096], jit_cu=jit_cu)
+@pytest.mark.parametrize("option", ["l2norm", "gate", "gate_no_bias", "beta_sigmoid",
+                                    "neg_eigval", "v_first", "all"])
+def test_option_matches_float64_recurrence(option):
+    """Each option against the float64 loop fed the inputs the option describes
+    (docs/math.md's table), written here from the formulas."""
+    rng = np.random.default_rng(20)
+    B, T, Hg, H, K, V = 2, 90, 2, 4, 16, 8
+    q, k, v, g, beta = make_inputs(rng, B, T, Hg, H, K, V)
+    h0 = rng.standard_normal((B, H, K, V)).astype(np.float32)
+    kwargs, ref_args = {}, dict(q=q, k=k, g=g, beta=beta)
+    if option in ("l2norm", "all"):
+        q, k = 3 * q, 0.5 * k + 0.1  # not unit rows
+        kwargs.update(use_qk_l2norm_in_kernel=True)
+        ref_args.update(q=_l2(q), k=_l2(k))
+    if option in ("gate", "gate_no_bias", "all"):
+        raw = rng.standard_normal((B, T, H)).astype(np.float32)
+        A_log = np.log(rng.uniform(0.1, 2.0, H)).astype(np.float32)
+        dt_bias = None if option == "gate_no_bias" else rng.standard_normal(H).astype(np.float32)
+        kwargs.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+        g = raw
+        ref_args["g"] = -np.exp(A_log) * _softplus(raw + (0 if dt_bias is None else dt_bias))
+    if option in ("beta_sigmoid", "neg_eigval", "all"):
+        logits = rng.standard_normal((B, T, H)).astype(np.float32)
+        neg = option != "beta_sigmoid"
+        kwargs.update(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg)
+        beta = logits
+        ref_args["beta"] = (2 if neg else 1) / (1 + np.exp(-logits.astype(np.float64)))
+    v_first = option in ("v_first", "all")
+    state = np.swapaxes(h0, -1, -2) if v_first else h0
+    o, final = chunk_jit(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                         state_v_first=v_first, **kwargs)
+    o_ref, final_ref = gdn_numpy(ref_args["q"], ref_args["k"], v, ref_args["g"], ref_args["beta"],
+                                 h0=h0)
+    assert rel(o, o_ref) < 1e-4
+    assert final.shape == state.shape
+    assert rel(np.swapaxes(final, -1, -2) if v_first else final, final_ref) < 1e-4
+
+
+chunk_jit = jax.jit(chunk_gated_delta_rule, static_argnames=(
+    "output_final_state", "impl", "use_qk_l2norm_in_kernel", "use_gate_in_kernel",
+    "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "state_v_first"))
+
+
+def test_traced_scale_equals_concrete():
+    rng = np.random.default_rng(21)
+    args = make_inputs(rng, 1, 70, 1, 2, 16, 8)
+    traced = jax.jit(lambda s: chunk_gated_delta_rule(*args, scale=s)[0])(jnp.float32(0.3))
+    assert rel(traced, gdn_numpy(*args, scale=0.3)[0]) < 1e-4
+
+
+def test_given_chunk_indices():
+    cu = np.array([0, 5, 70, 140], np.int32)
+    rng = np.random.default_rng(22)
+    args = make_inputs(rng, 1, 140, 1, 2, 16, 8)
+    o, _ = chunk_gated_delta_rule(*args, cu_seqlens=cu,
+                                  chunk_indices=gdn_jax.prepare_chunk_indices(cu))
+    assert rel(o, gdn_numpy(*args, cu_seqlens=cu)[0]) < 1e-4
+
+
+def test_one_dtype_policy(monkeypatch):
+    """On a GPU, impl="auto" runs the kernels for bf16/fp16/fp32 and the jnp
+    path for float64 (which the kernels do not take), as on CPU."""
+    from gdn_jax import chunk
+
+    monkeypatch.setattr(chunk, "cuda_available", lambda: True)
+    x32, x64 = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float64)
+    assert chunk._runs_triton("op", "auto", x32, x32, x32)
+    assert not chunk._runs_triton("op", "auto", x64, x64, x64)
+    assert not chunk._runs_triton("op", "reference", x32, x32, x32)
+
+
+def test_output_final_state_must_be_static():
+    rng = np.random.default_rng(23)
+    args = make_inputs(rng, 1, 8, 1, 1, 8, 4)
+    with pytest.raises(TypeError, match="`output_final_state` must be a Python bool"):
+        jax.jit(lambda f: chunk_gated_delta_rule(*args, output_final_state=f))(True)
+
+
+@pytest.mark.parametrize("kwargs,exc,needle", [
+    (dict(use_gate_in_kernel=True), TypeError, "needs `A_log`"),
+    (dict(use_gate_in_kernel=True, A_log=np.zeros(3, np.float32)), ValueError, "`A_log` must have shape"),
+    (dict(A_log=np.zeros(4, np.float32)), ValueError, "use_gate_in_kernel=False"),
+    (dict(use_gate_in_kernel=True, A_log=np.zeros(4, np.float32), dt_bias=np.zeros(4, np.int32)),
+     TypeError, "`dt_bias` must be a float array"),
+    (dict(allow_neg_eigval=True), ValueError, "needs use_beta_sigmoid_in_kernel"),
+    (dict(state_v_first=True, initial_state=np.zeros((2, 4, 8, 4), np.float32)), ValueError,
+     r"\[N, H, V, K\]"),
+    (dict(chunk_indices=np.zeros((2, 2), np.int32)), ValueError, "`cu_seqlens` is None"),
+])
+def test_bad_options(kwargs, exc, needle):
+    rng = np.random.default_rng(24)
+    q, k, v, g, beta = make_inputs(rng, 2, 4, 2, 4, 8, 4)
+    with pytest.raises(exc, match=needle):
+        chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)

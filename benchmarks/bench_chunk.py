@@ -1,0 +1,260 @@
+"""Benchmark of the whole GDN forward on the GPU: ``gdn_jax.chunk_gated_delta_rule``
+under ``jax.jit`` (``impl="auto"``: the Triton kernels) against
+flash-linear-attention's ``chunk_gated_delta_rule`` (torch, same process, same
+inputs), against the jnp path, and against the two hardware floors: the bytes
+a forward must move over the measured copy bandwidth, and its matrix FLOPs
+over the measured bf16 matrix rate.
+
+    python benchmarks/bench_chunk.py [--out DIR] [--shapes a,b] [--no-reference] [--no-layer]
+
+Times are the steady cost per call in a stream of calls (the slope between
+batches of N and 5N calls, every column taken in turn for three rounds; see
+``bench_fwd_intra.timed``), after warm-up, on random inputs: bf16 q/k/v, unit
+q and k, float32 gates ``logsigmoid(normal)`` and ``beta = sigmoid(normal)``,
+an initial state and the final state returned. ``fwd_intra`` alone is timed
+beside the forward, so the walk's share is their difference. Prints the table
+last, writes ``bench_chunk.json`` and ``bench_chunk.png`` under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import gdn_jax  # noqa: E402
+from bench_fwd_intra import copy_bandwidth, jax_dispatch_ms, timed_in_turn, wall_median  # noqa: E402
+from gdn_jax.chunk_jnp import chunk_local_cumsum  # noqa: E402
+
+SHAPES = {  # name: (B, T, Hg, H, K, V, packed sequence lengths or None)
+    "headline": (8, 4096, 16, 32, 128, 128, None),
+    "B4T8192": (4, 8192, 16, 32, 128, 128, None),
+    "T32768": (1, 32768, 16, 32, 128, 128, None),
+    "packed32k": (1, 32768, 16, 32, 128, 128, [1000, 7000, 3000, 5500, 2500, 6000, 4000, 3768]),
+    "B32T1024": (32, 1024, 16, 32, 128, 128, None),
+    "K256": (2, 4096, 16, 16, 256, 256, None),
+}
+LAYER = dict(batch=4, seq_len=4096, hidden=2048, qk_heads=16, v_heads=32, head_dim=128)
+
+
+def make_inputs(B, T, Hg, H, K, V, N, seed=0):
+    key = jax.random.split(jax.random.key(seed), 6)
+    unit = lambda x: x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True))  # noqa: E731
+    q = unit(jax.random.normal(key[0], (B, T, Hg, K))).astype(jnp.bfloat16)
+    k = unit(jax.random.normal(key[1], (B, T, Hg, K))).astype(jnp.bfloat16)
+    v = jax.random.normal(key[2], (B, T, H, V), jnp.bfloat16)
+    g = jax.nn.log_sigmoid(jax.random.normal(key[3], (B, T, H)))
+    beta = jax.nn.sigmoid(jax.random.normal(key[4], (B, T, H)))
+    h0 = 0.1 * jax.random.normal(key[5], (N, H, K, V))
+    return q, k, v, g, beta, h0
+
+
+def io_bytes(B, T, Hg, H, K, V, N):
+    """q, k, v, g, beta read, o written, states read and written (bf16 / fp32)."""
+    return B * T * (2 * Hg * K * 2 + H * V * 2 + 2 * H * 4 + H * V * 2) + 2 * N * H * K * V * 4
+
+
+def matrix_flops(B, T, Hg, H, K, V):
+    """The chunk form's matrix work per 64-row chunk and value head: k k^T
+    (64 64 K), w and u (64 64 (K + V)), v' = u - w S and q S (2 x 64 K V),
+    q k^T (64 64 K), the masked attention times v' (64 64 V), the state
+    update (64 K V); 2 FLOPs per multiply-add."""
+    per_chunk = 2 * (64 * 64 * K + 64 * 64 * (K + V) + 2 * 64 * K * V + 64 * 64 * K
+                     + 64 * 64 * V + 64 * K * V)
+    return per_chunk * (-(-T // 64)) * B * H
+
+
+def matrix_rate():
+    """Measured bf16 matrix FLOP/s: an 8192^3 torch matmul on random data."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = wall_median(lambda: a @ b, torch.cuda.synchronize, n_inner=10)
+    return 2 * 8192 ** 3 / (ms * 1e-3)
+
+
+def fla_forward():
+    """fla 0.6's public forward, or None where it is not installed."""
+    if importlib.util.find_spec("fla") is None:
+        return None
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule
+
+
+def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
+    N = B if lens is None else len(lens)
+    q, k, v, g, beta, h0 = make_inputs(B, T, Hg, H, K, V, N)
+    cu = None if lens is None else jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+    row = dict(shape=name, B=B, T=T, Hg=Hg, H=H, K=K, V=V, packed=lens is not None)
+    calls = {}
+
+    def jax_call(col, f, *args):
+        jf = jax.jit(f)
+        out = [None]
+        jax.block_until_ready(jf(*args))  # compile, autotune
+
+        def call():
+            out[0] = jf(*args)
+
+        calls[col] = (call, lambda: jax.block_until_ready(out[0]))
+
+    def forward(impl):
+        return lambda q, k, v, g, beta, h0, cu: gdn_jax.chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, impl=impl)
+
+    jax_call("gdn_jax", forward("auto"), q, k, v, g, beta, h0, cu)
+
+    def intra(k, v, g, beta, cu):
+        ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, T)
+        gc = chunk_local_cumsum(g, cu, ci)
+        return gdn_jax.fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci)
+
+    jax_call("fwd_intra", intra, k, v, g, beta, cu)
+    if with_reference:
+        jax_call("jnp", forward("reference"), q, k, v, g, beta, h0, cu)
+    fla = fla_forward()
+    if fla is not None:
+        import torch
+
+        if not os.environ.get("TRITON_CACHE_DIR"):  # jax-triton 0.3 clears it on import
+            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
+        tq, tk, tv, tg, tb, th0 = (torch.from_dlpack(x) for x in (q, k, v, g, beta, h0))
+        tcu = None if cu is None else torch.from_dlpack(cu).long()
+
+        def fla_call():
+            return fla(tq, tk, tv, tg, tb, initial_state=th0, output_final_state=True, cu_seqlens=tcu)
+
+        fla_call()
+        calls["fla"] = (fla_call, torch.cuda.synchronize)
+        o_fla, f_fla = fla_call()
+        o, final = jax.jit(forward("auto"))(q, k, v, g, beta, h0, cu)
+        # the same function: ours against fla's (both bf16 runs; not a correctness test)
+        rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32))  # noqa: E731
+                                 / jnp.linalg.norm(b.astype(jnp.float32)))
+        row["o_rel_diff_vs_fla"] = rel(o, jnp.from_dlpack(o_fla.contiguous()))
+        row["final_rel_diff_vs_fla"] = rel(final, jnp.from_dlpack(f_fla.float().contiguous()))
+    for col, (wall, enqueue, steady) in timed_in_turn(calls).items():
+        row[f"{col}_ms"], row[f"{col}_enqueue_ms"], row[f"{col}_steady_ms"] = wall, enqueue, steady
+    row["walk_ms"] = row["gdn_jax_steady_ms"] - row["fwd_intra_steady_ms"]
+    row["io_floor_ms"] = io_bytes(B, T, Hg, H, K, V, N) / bw * 1e3
+    row["matrix_floor_ms"] = matrix_flops(B, T, Hg, H, K, V) / rate * 1e3
+    floor = max(row["io_floor_ms"], row["matrix_floor_ms"])
+    row["gdn_jax_over_floor"] = row["gdn_jax_steady_ms"] / floor
+    if "fla_steady_ms" in row:
+        row["fla_over_gdn_jax"] = row["fla_steady_ms"] / row["gdn_jax_steady_ms"]
+    if "jnp_steady_ms" in row:
+        row["jnp_over_gdn_jax"] = row["jnp_steady_ms"] / row["gdn_jax_steady_ms"]
+    row["jax_configs"] = {key[0]: cfg for key, cfg in gdn_jax.autotune._CHOSEN.items()}
+    return row
+
+
+def bench_layer():
+    """The Flax layer (examples/flax_gdn_layer.py) at LAYER's shape, bf16."""
+    spec = importlib.util.spec_from_file_location(
+        "flax_gdn_layer", pathlib.Path(__file__).parents[1] / "examples" / "flax_gdn_layer.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from flax import nnx
+
+    c = LAYER
+    layer = mod.GatedDeltaNet(c["hidden"], c["qk_heads"], c["v_heads"], c["head_dim"],
+                              dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(layer)
+
+    @jax.jit
+    def f(state, x):
+        y = nnx.merge(graphdef, state)(x)
+        return y[0] if isinstance(y, tuple) else y
+
+    x = jax.random.normal(jax.random.key(1), (c["batch"], c["seq_len"], c["hidden"]), jnp.bfloat16)
+    out = [f(state, x)]
+    jax.block_until_ready(out[0])
+    calls = {"layer": (lambda: out.__setitem__(0, f(state, x)), lambda: jax.block_until_ready(out[0]))}
+    wall, enqueue, steady = timed_in_turn(calls)["layer"]
+    return dict(c, layer_steady_ms=steady, layer_ms=wall)
+
+
+TABLE = [("shape", "shape"), ("gdn_jax_steady_ms", "gdn_jax"), ("fwd_intra_steady_ms", "of it fwd_intra"),
+         ("walk_ms", "of it the walk"), ("fla_steady_ms", "fla 0.6"), ("jnp_steady_ms", "jnp path"),
+         ("io_floor_ms", "I/O floor"), ("matrix_floor_ms", "matrix floor"),
+         ("fla_over_gdn_jax", "fla / gdn_jax"), ("jnp_over_gdn_jax", "jnp / gdn_jax"),
+         ("gdn_jax_over_floor", "gdn_jax / floor"), ("o_rel_diff_vs_fla", "o vs fla")]
+
+
+def print_table(rows, versions):
+    print(f"\n{versions}")
+    print("| " + " | ".join(h for _, h in TABLE) + " |")
+    print("|" + " --- |" * len(TABLE))
+    for r in rows:
+        print("| " + " | ".join(
+            (f"{r[c]:.2e}" if c.endswith("diff_vs_fla") else f"{r[c]:.3f}")
+            if isinstance(r.get(c), float) else str(r.get(c, "-")) for c, _ in TABLE) + " |")
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [("gdn_jax_steady_ms", "gdn-jax (jax.jit)"), ("fla_steady_ms", "flash-linear-attention 0.6"),
+            ("jnp_steady_ms", "plain jnp (jax.jit)"), ("io_floor_ms", "I/O floor"),
+            ("matrix_floor_ms", "matrix floor")]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(cols)
+    for i, (c, label) in enumerate(cols):
+        xs = [j + i * width for j, r in enumerate(rows) if c in r]
+        ax.bar(xs, [r[c] for r in rows if c in r], width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["shape"] for r in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per forward (log)")
+    ax.set_title("GDN forward, bf16, H200 (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--no-reference", action="store_true", help="skip the jnp path")
+    p.add_argument("--no-layer", action="store_true", help="skip the Flax layer")
+    args = p.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bw, rate = copy_bandwidth(), matrix_rate()
+    versions = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+                    copy_TBps=round(bw / 1e12, 3), bf16_TFLOPs=round(rate / 1e12, 1),
+                    jax_trivial_dispatch_ms=jax_dispatch_ms())
+    for mod in ("jax_triton", "triton", "torch", "fla"):
+        if importlib.util.find_spec(mod) is not None:
+            versions[mod] = getattr(__import__(mod), "__version__", "?")
+    rows = []
+    for name in args.shapes.split(","):
+        rows.append(bench_shape(name, *SHAPES[name], bw, rate, not args.no_reference))
+        print(json.dumps(rows[-1]), flush=True)
+        (out / "bench_chunk.json").write_text(json.dumps(dict(versions=versions, rows=rows), indent=1))
+    layer = None if args.no_layer else bench_layer()
+    (out / "bench_chunk.json").write_text(json.dumps(dict(versions=versions, rows=rows, layer=layer),
+                                                     indent=1))
+    plot(rows, out / "bench_chunk.png")
+    if layer:
+        print(f"Flax layer {layer}")
+    print_table(rows, versions)
+
+
+if __name__ == "__main__":
+    main()

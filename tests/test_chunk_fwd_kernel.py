@@ -1,0 +1,82 @@
+"""kernels/chunk_fwd.py under Triton's interpreter (torch CPU tensors), after
+the split path's fwd_intra kernels, against the float64 per-token recurrence.
+The interpreter cannot multiply bfloat16 (tests/test_kernels_interpreter.py
+says why): float32 and float16 here, bfloat16 in tests/test_chunk_gpu.py."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the interpreter tests launch the kernels on torch CPU tensors")
+if jax.default_backend() != "cpu":
+    pytest.skip("interpreter tests run where JAX has no GPU (CI)", allow_module_level=True)
+assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
+
+from gdn_jax.torch_launch import chunk_fwd_torch, fwd_intra_torch  # noqa: E402
+from inputs import chunk_local_cumsum  # noqa: E402
+from numpy_reference import gdn_recurrence_numpy, max_rel_err, rel_err  # noqa: E402
+
+TORCH = {"float32": torch.float32, "float16": torch.float16}
+TOL = {"float32": 1e-5, "float16": 5e-3}
+
+
+def draw(seed, B, T, Hg, H, K, V, cu=None, h0=True):
+    rng = np.random.default_rng(seed)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    q = unit(rng.standard_normal((B, T, Hg, K)))
+    k = unit(rng.standard_normal((B, T, Hg, K)))
+    v = rng.standard_normal((B, T, H, V))
+    a = -np.logaddexp(0, -rng.standard_normal((B, T, H)))  # logsigmoid
+    beta = 1 / (1 + np.exp(-rng.standard_normal((B, T, H))))
+    N = B if cu is None else len(cu) - 1
+    S0 = rng.standard_normal((N, H, K, V)) if h0 else None
+    return [x.astype(np.float32) for x in (q, k, v, a, beta)], None if S0 is None else S0.astype(np.float32)
+
+
+def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, seed=0):
+    (q, k, v, a, beta), S0 = draw(seed, B, T, Hg, H, K, V, cu, h0)
+    gc = chunk_local_cumsum(a, [0] if cu is None else list(cu[:-1]))
+    td = TORCH[dtype]
+    t = lambda x, d=td: torch.from_numpy(np.ascontiguousarray(x)).to(d)  # noqa: E731
+    cut = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    w, u, _ = fwd_intra_torch(t(k), t(v), t(gc, torch.float32), t(beta, torch.float32), cu_seqlens=cut,
+                              autotune=False, dot_precision="ieee", path="split")
+    state = None if S0 is None else t(np.swapaxes(S0, -1, -2) if v_first else S0, torch.float32)
+    o, ht = chunk_fwd_torch(t(q), t(k), w, u, t(gc, torch.float32), state, cut, scale=K ** -0.5,
+                            output_final_state=final, state_v_first=v_first, autotune=False,
+                            dot_precision="ieee")
+    # the reference on the inputs as the kernels saw them (rounded to dtype)
+    up = [t(x).float().numpy() for x in (q, k, v)]
+    o_ref, f_ref = gdn_recurrence_numpy(*up, a, beta, h0=S0, cu_seqlens=cu)
+    assert o.dtype == td
+    assert max_rel_err(o.float().numpy(), o_ref, B, T, cu) < TOL[dtype]
+    if final:
+        ht = ht.numpy()
+        assert rel_err(np.swapaxes(ht, -1, -2) if v_first else ht, f_ref) < TOL[dtype]
+    else:
+        assert ht is None
+
+
+@pytest.mark.parametrize("dtype", list(TORCH))
+@pytest.mark.parametrize("B,T,Hg,H,h0", [(2, 130, 2, 4, True), (1, 64, 1, 2, False), (1, 1, 1, 2, True),
+                                         (1, 63, 1, 8, True)])
+def test_fixed_length(dtype, B, T, Hg, H, h0):
+    run(dtype, B, T, Hg, H, 32, 16, h0=h0, seed=T)
+
+
+def test_head_dims_not_powers_of_two_and_v_blocks():
+    """K = 96 (a masked tail in the 128-wide K tile), V = 80 (three 32-wide or
+    two 64-wide V blocks, the last one partial)."""
+    run("float32", 1, 70, 1, 1, 96, 80, seed=5)
+
+
+@pytest.mark.parametrize("cu", [[0, 0, 1, 70, 200], [0, 200, 200]])
+def test_varlen_v_first(cu):
+    """Packed sequences (empty, length 1, partial chunks) with V-first states:
+    an empty sequence's final state is its initial one."""
+    run("float32", 1, cu[-1], 2, 4, 32, 16, cu=np.array(cu, np.int32), v_first=True, seed=len(cu))
+
+
+def test_without_final_state():
+    run("float32", 1, 70, 1, 2, 32, 16, final=False, seed=9)
