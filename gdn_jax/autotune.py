@@ -46,7 +46,7 @@ UNTUNED = {
     "recompute_w_u": dict(num_warps=8, num_stages=3),
     "fused": dict(BK=64, num_warps=2, num_stages=3),
     "A": dict(BK=64, num_warps=1),
-    "chunk_fwd": dict(BV=32, num_warps=4, num_stages=2),
+    "chunk_fwd": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
 }
 
 _CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs

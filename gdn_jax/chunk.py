@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from .backend import cuda_available, resolve_impl
 from .chunk_indices import varlen_work_list
 from .chunk_jnp import chunk_local_cumsum
+from .chunk_launch import walk_kernel_fits
 from .chunk_walk import chunk_walk
 from .intra import fwd_intra
 from .naive_recurrent import prepare_gdn_args
@@ -162,5 +163,5 @@ def _forward(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, A_log, 
     w, u, _ = fwd_intra(k, v, gc, beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
                         impl=impl)
     return chunk_walk(q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices, scale=scale_number,
-                      output_final_state=output_final_state,
-                      state_v_first=options.state_v_first, triton=triton)
+                      output_final_state=output_final_state, state_v_first=options.state_v_first,
+                      triton=triton and walk_kernel_fits(q.dtype, K))

@@ -5,7 +5,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .autotune import autotune_enabled, timing_allowed
 from .chunk_indices import cdiv
@@ -18,6 +17,22 @@ BT = 64
 def chunk_fwd_grid(N: int, H: int, V: int, BV: int) -> tuple[int]:
     """One program per (V block, value head, sequence), on axis 0."""
     return (cdiv(V, BV) * H * N,)
+
+
+def programs_bucket(N: int, H: int) -> int:
+    """``N * H`` rounded down to a power of two, at most 1024: the walk's
+    parallelism, which decides its best V block (many sequences and heads: wide
+    blocks and few programs; one long sequence: narrow blocks, more programs),
+    so the configs are chosen per bucket (a part of the autotuning key)."""
+    return min(1024, 1 << max(0, (N * H).bit_length() - 1))
+
+
+def walk_kernel_fits(dtype, K: int) -> bool:
+    """Whether the walk kernel's tiles fit a Hopper SM's shared memory: rows of
+    at most 512 bytes (bfloat16 and float16 up to K = 256, float32 up to K =
+    128; float32 with K = 256 needs 282 KB at the smallest config, against
+    227 KB). Past that the walk runs in jnp."""
+    return jnp.dtype(dtype).itemsize * K <= 512
 
 
 def chunk_fwd_constexprs(Hg, H, K, V, use_h0, store_final, varlen, v_first, precision) -> dict:
@@ -85,9 +100,10 @@ def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, sca
     # jax-triton 0.3 takes no None operand: 1-element dummies, flagged unused.
     dummy = jnp.zeros((1,), jnp.int32)
     operands = (q, k, w, u, gc, dummy if initial_state is None else initial_state,
-                dummy if cu_seqlens is None else cu_seqlens, np.float32(scale), T)
+                dummy if cu_seqlens is None else cu_seqlens, float(scale), T)
     o, ht = launch("chunk_fwd", gdn_chunk_fwd_kernel, operands, out=(o_type, ht_type),
                    grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]),
+                   tune_key=("programs", programs_bucket(N, H)),
                    **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None,
                                           output_final_state, cu_seqlens is not None,
                                           state_v_first, dot_precision()))

@@ -100,15 +100,19 @@ def wu_blocks(K: int, V: int) -> dict:
     return dict(BK=_block(K, 128), BV=_block(V, 128))
 
 
-def launch(name: str, kernel, operands, *, out, grid, **kwargs):
+def launch(name: str, kernel, operands, *, out, grid, tune_key=(), **kwargs):
     """One ``triton_call`` of the autotuned ``kernel`` (its inner ``JITFunction``)
     with the single config :func:`gdn_jax.autotune.chosen_config` picks for
-    its constexprs (``kwargs``) and dtypes; ``operands`` end with the scalar ``T``."""
+    its constexprs (``kwargs``), dtypes and ``tune_key`` (hashable, more of the
+    launch that the best config depends on); ``operands`` end with the scalar
+    ``T``. ``grid``: a tuple, or a function of the launch's constexprs and
+    config (as jax-triton takes it)."""
     def run(ops, **config):
         return triton_call(*ops, kernel=kernel.fn, out=out, grid=grid, **kwargs, **config)
 
     return run(operands, **chosen_config(name, kernel.configs, operands, run,
-                                         tuple(sorted(kwargs.items())), T=operands[-1]))
+                                         tuple(sorted(kwargs.items())) + tuple(tune_key),
+                                         T=operands[-1]))
 
 
 # Launches of more rows (B * T) time their configs on a launch of this many

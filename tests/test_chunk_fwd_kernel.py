@@ -34,7 +34,7 @@ def draw(seed, B, T, Hg, H, K, V, cu=None, h0=True):
     return [x.astype(np.float32) for x in (q, k, v, a, beta)], None if S0 is None else S0.astype(np.float32)
 
 
-def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, seed=0):
+def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, seed=0, config=None):
     (q, k, v, a, beta), S0 = draw(seed, B, T, Hg, H, K, V, cu, h0)
     gc = chunk_local_cumsum(a, [0] if cu is None else list(cu[:-1]))
     td = TORCH[dtype]
@@ -45,7 +45,7 @@ def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, s
     state = None if S0 is None else t(np.swapaxes(S0, -1, -2) if v_first else S0, torch.float32)
     o, ht = chunk_fwd_torch(t(q), t(k), w, u, t(gc, torch.float32), state, cut, scale=K ** -0.5,
                             output_final_state=final, state_v_first=v_first, autotune=False,
-                            dot_precision="ieee")
+                            config=config, dot_precision="ieee")
     # the reference on the inputs as the kernels saw them (rounded to dtype)
     up = [t(x).float().numpy() for x in (q, k, v)]
     o_ref, f_ref = gdn_recurrence_numpy(*up, a, beta, h0=S0, cu_seqlens=cu)
@@ -80,3 +80,14 @@ def test_varlen_v_first(cu):
 
 def test_without_final_state():
     run("float32", 1, 70, 1, 2, 32, 16, final=False, seed=9)
+
+
+@pytest.mark.parametrize("config", [pytest.param(dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages),
+                                                 id=f"BV{c.kwargs['BV']}-w{c.num_warps}")
+                                    for c in __import__("gdn_jax.kernels.chunk_fwd", fromlist=["x"])
+                                    .gdn_chunk_fwd_kernel.configs])
+def test_every_autotune_config(config):
+    """Every config the autotuner may pick (both formulations, every V block)
+    computes the same function: packed, V-first, K and V past one block."""
+    run("float32", 1, 200, 2, 4, 32, 160, cu=np.array([0, 0, 1, 70, 200], np.int32), v_first=True,
+        seed=11, config=config)
