@@ -90,6 +90,28 @@ def chunk_local_cumsum(a, cu_seqlens=None, chunk_indices=None):
     return scatter(jnp.cumsum(gather(a.astype(ct)), axis=2))
 
 
+def chunk_states_jnp(kk, w, u, gc, valid, seq, states):
+    """The state walk over chunks in the ``[L, M, BT, ...]`` layout of
+    :func:`chunk_layout` (keys ``kk`` repeated to the value heads, the compute
+    dtype): ``(S_in [L, M, H, K, V], v_new [L, M, BT, H, V], final states)``,
+    the state entering each chunk and ``v' = u - w S``."""
+    last = jnp.maximum(valid.sum(-1) - 1, 0)  # [L, M]: each chunk's last row
+    gl = jnp.take_along_axis(gc, last[:, :, None, None], axis=2)[:, :, 0]  # [L, M, H]
+
+    def step(states, x):
+        kk_c, w_c, u_c, gc_c, gl_c, s, live = x  # lanes M: [M, BT, H, .], [M, H], [M]
+        S = states if s is None else states[s]  # [M, H, K, V], the states entering these chunks
+        v_new = u_c - jnp.einsum("mihk,mhkv->mihv", w_c, S, precision=HIGHEST)
+        kd = kk_c * jnp.exp(gl_c[:, None] - gc_c)[..., None]  # rows past the end: k is 0
+        S_next = jnp.exp(gl_c)[..., None, None] * S + jnp.einsum(
+            "mihk,mihv->mhkv", kd, v_new, precision=HIGHEST)
+        S_next = jnp.where(live[:, None, None, None], S_next, S)  # padding chunks: unchanged
+        return (S_next if s is None else states.at[s].set(S_next)), (S, v_new)
+
+    states, (S_in, v_new) = jax.lax.scan(step, states, (kk, w, u, gc, gl, seq, valid[..., 0]))
+    return S_in, v_new, states
+
+
 def chunk_walk_jnp(q, k, w, u, gc, initial_state, cu_seqlens=None, chunk_indices=None, *,
                    scale):
     """The state walk and the outputs (module docstring), in jnp.
@@ -108,31 +130,16 @@ def chunk_walk_jnp(q, k, w, u, gc, initial_state, cu_seqlens=None, chunk_indices
     """
     B, T, H = u.shape[:3]
     ct = compute_dtype(q.dtype, k.dtype, w.dtype, u.dtype, gc.dtype)
-    states = initial_state.astype(ct)
     chunks, unchunk, valid, seq = chunk_layout(B, T, cu_seqlens, chunk_indices)
 
     def gather(x):  # [B, T, ...] -> [L, M, BT, ...] in ct
-        return chunks(x.astype(ct))
+        return chunks(jnp.asarray(x).astype(ct))
 
     gc = gather(gc)  # [L, M, BT, H]
     qq = repeat_heads(gather(q), H) * jnp.asarray(scale, ct)
     kk = repeat_heads(gather(k), H)
-    last = jnp.maximum(valid.sum(-1) - 1, 0)  # [L, M]: each chunk's last row
-    gl = jnp.take_along_axis(gc, last[:, :, None, None], axis=2)[:, :, 0]  # [L, M, H]
-
-    def step(states, x):
-        kk_c, w_c, u_c, gc_c, gl_c, s, live = x  # lanes M: [M, BT, H, .], [M, H], [M]
-        S = states if s is None else states[s]  # [M, H, K, V], the states entering these chunks
-        v_new = u_c - jnp.einsum("mihk,mhkv->mihv", w_c, S, precision=HIGHEST)
-        kd = kk_c * jnp.exp(gl_c[:, None] - gc_c)[..., None]
-        S_next = jnp.exp(gl_c)[..., None, None] * S + jnp.einsum(
-            "mihk,mihv->mhkv", kd, v_new, precision=HIGHEST)
-        S_next = jnp.where(live[:, None, None, None], S_next, S)  # padding chunks: unchanged
-        return (S_next if s is None else states.at[s].set(S_next)), (S, v_new)
-
-    states, (S_in, v_new) = jax.lax.scan(
-        step, states, (kk, gather(w), gather(u), gc, gl, seq, valid[..., 0]))
-
+    S_in, v_new, states = chunk_states_jnp(kk, gather(w), gather(u), gc, valid, seq,
+                                           initial_state.astype(ct))
     o = jnp.einsum("lmihk,lmhkv->lmihv", qq * jnp.exp(gc)[..., None], S_in, precision=HIGHEST)
     gt = jnp.swapaxes(gc, -1, -2)  # [L, M, H, BT]
     causal = jnp.tril(jnp.ones((BT, BT), bool))
