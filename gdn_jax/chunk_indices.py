@@ -105,3 +105,13 @@ def varlen_work_list(cu_seqlens, chunk_indices, T: int, chunk_size: int = 64):
         chunk_indices = (chunk_indices_in_graph(cu_seqlens, T, chunk_size) if is_traced(cu_seqlens)
                          else prepare_chunk_indices(cu_seqlens, chunk_size))
     return jnp.asarray(cu_seqlens, jnp.int32), jnp.asarray(chunk_indices, jnp.int32)
+
+
+def chunk_offsets(cu_seqlens: jax.Array, chunk_size: int = 64) -> jax.Array:
+    """``[N + 1]`` int32: the index of each packed sequence's first chunk in
+    the list of all chunks (``cumsum`` of ``ceil(len_n / chunk_size)``, from 0);
+    works on a traced ``cu_seqlens``."""
+    cu = jnp.asarray(cu_seqlens).astype(jnp.int32)
+    lens = jnp.maximum(cu[1:] - cu[:-1], 0)
+    n_chunks = (lens + chunk_size - 1) // chunk_size
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(n_chunks).astype(jnp.int32)])

@@ -50,7 +50,7 @@ def check_chunk_grid(N: int, H: int, V: int) -> None:
             f"= {programs} programs, over CUDA's grid limit of {GRID_LIMITS[0]}; split the call")
 
 
-def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, **kwargs):
+def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, chunk_offsets, **kwargs):
     """Past :data:`gdn_jax.triton_launch.TIMING_ROWS` rows, choose the configs
     on an abstract launch of at most that many rows (same heads, dims, dtypes
     and flags, so the same config key): the real launch then finds them chosen."""
@@ -61,50 +61,81 @@ def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, **kwargs):
     fewer = lambda x: jax.ShapeDtypeStruct(rows + x.shape[2:], x.dtype)  # noqa: E731
     n = rows[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     state = None if h0 is None else jax.ShapeDtypeStruct((n,) + h0.shape[1:], h0.dtype)
-    jax.eval_shape(functools.partial(chunk_fwd_triton, **kwargs), *map(fewer, (q, k, w, u, gc)),
-                   state, cu_seqlens)
+    jax.eval_shape(functools.partial(chunk_walk_triton, **kwargs), *map(fewer, (q, k, w, u, gc)),
+                   state, cu_seqlens, chunk_offsets)
 
 
-def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
-                     output_final_state=True, state_v_first=False):
-    """``(o, final_state)`` of the chunk walk (``kernels/chunk_fwd.py``).
+def state_rows(B: int, T: int, N: int, varlen: bool) -> int:
+    """Rows of the per-chunk states ``h [rows, H, K, V]``: every chunk of the
+    batch (fixed length), or the bound ``cdiv(T, 64) + N`` of a packed batch
+    (rows past its chunks are not written)."""
+    return cdiv(T, BT) + N if varlen else B * cdiv(T, BT)
+
+
+def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk_offsets=None, *,
+                      scale, write_o=True, store_final=True, store_h=False, store_v=False,
+                      state_v_first=False):
+    """``(o, final_state, h, v_new)`` of the chunk walk (``kernels/chunk_fwd.py``),
+    each None where not asked for.
 
     Args (already checked, shapes as :func:`gdn_jax.chunk_gated_delta_rule`):
       q, k: ``[B, T, Hg, K]``; w: ``[B, T, H, K]``; u: ``[B, T, H, V]``, all of
-        one dtype (bfloat16, float16 or float32).
+        one dtype (bfloat16, float16 or float32); ``q`` is not read without ``write_o``.
       gc: ``[B, T, H]`` float32 chunk-local cumulative log gates.
       initial_state: ``[N, H, K, V]`` float32 (``[N, H, V, K]`` with
         ``state_v_first``), or None for zeros.
-      cu_seqlens: ``[N + 1]`` int32 of a packed batch (``B == 1``), or None.
+      cu_seqlens: ``[N + 1]`` int32 of a packed batch (``B == 1``), or None;
+        with ``store_h`` its ``chunk_offsets [N + 1]``
+        (:func:`gdn_jax.chunk_indices.chunk_offsets`).
       scale: the query scale, a Python number.
 
     Returns:
-      ``o [B, T, H, V]`` in u's dtype; the final states (float32, the layout
-      of ``initial_state``) or None unless ``output_final_state``.
+      ``o [B, T, H, V]`` in u's dtype (``write_o``); the final states (float32,
+      the layout of ``initial_state``; ``store_final``); the state entering
+      every chunk, ``h [rows, H, K, V]`` in u's dtype (:func:`state_rows`;
+      ``store_h``); ``v' [B, T, H, V]`` in u's dtype (``store_v``).
     """
     check_kernel_dtypes("chunk_gated_delta_rule", q=q, k=k, w=w, u=u)
-    B, T, Hg, K = q.shape
+    B, T, Hg, K = k.shape
     H, V = u.shape[2], u.shape[3]
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    varlen = cu_seqlens is not None
+    N = B if not varlen else cu_seqlens.shape[0] - 1
     state_shape = (N, H, V, K) if state_v_first else (N, H, K, V)
-    o_type = jax.ShapeDtypeStruct((B, T, H, V), u.dtype)
-    ht_type = jax.ShapeDtypeStruct(state_shape if output_final_state else (1,), jnp.float32)
-    if N * H == 0:
-        return jnp.zeros(o_type.shape, o_type.dtype), (
-            jnp.zeros(state_shape, jnp.float32) if output_final_state else None)
+    one = (1,)
+    types = (jax.ShapeDtypeStruct((B, T, H, V) if write_o else one, u.dtype),
+             jax.ShapeDtypeStruct(state_shape if store_final else one, jnp.float32),
+             jax.ShapeDtypeStruct((state_rows(B, T, N, varlen), H, K, V) if store_h else one, u.dtype),
+             jax.ShapeDtypeStruct((B, T, H, V) if store_v else one, u.dtype))
+    wanted = (write_o, store_final, store_h, store_v)
+    if N * H == 0 or B * T == 0:
+        outs = [jnp.zeros(t.shape, t.dtype) for t in types]
+        if store_final and initial_state is not None:
+            outs[1] = initial_state.astype(jnp.float32)
+        return tuple(x if want else None for x, want in zip(outs, wanted))
     check_chunk_grid(N, H, V)
-    kwargs = dict(scale=scale, output_final_state=output_final_state, state_v_first=state_v_first)
-    _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, **kwargs)
+    kwargs = dict(scale=scale, write_o=write_o, store_final=store_final, store_h=store_h,
+                  store_v=store_v, state_v_first=state_v_first)
+    _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, chunk_offsets, **kwargs)
     from .kernels.chunk_fwd import gdn_chunk_fwd_kernel
 
     # jax-triton 0.3 takes no None operand: 1-element dummies, flagged unused.
     dummy = jnp.zeros((1,), jnp.int32)
     operands = (q, k, w, u, gc, dummy if initial_state is None else initial_state,
-                dummy if cu_seqlens is None else cu_seqlens, float(scale), T)
-    o, ht = launch("chunk_fwd", gdn_chunk_fwd_kernel, operands, out=(o_type, ht_type),
-                   grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]),
-                   tune_key=("programs", programs_bucket(N, H)),
-                   **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None,
-                                          output_final_state, cu_seqlens is not None,
-                                          state_v_first, dot_precision()))
-    return o, (ht if output_final_state else None)
+                dummy if cu_seqlens is None else cu_seqlens,
+                dummy if chunk_offsets is None else chunk_offsets, float(scale), T)
+    outs = launch("chunk_fwd", gdn_chunk_fwd_kernel, operands, out=types,
+                  grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]),
+                  tune_key=("programs", programs_bucket(N, H)),
+                  **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, store_final,
+                                         varlen, state_v_first, dot_precision()),
+                  WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v)
+    return tuple(x if want else None for x, want in zip(outs, wanted))
+
+
+def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
+                     output_final_state=True, state_v_first=False):
+    """``(o, final_state or None)``: :func:`chunk_walk_triton` writing the output."""
+    o, final, _, _ = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
+                                       store_final=output_final_state,
+                                       state_v_first=state_v_first)
+    return o, final

@@ -118,33 +118,42 @@ def fwd_intra_gluon_torch(k, v, g, beta, **overrides):
 
 
 def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
-                    output_final_state=True, state_v_first=False, autotune=True, config=None,
-                    dot_precision="tf32"):
-    """The state walk with the output (``kernels/chunk_fwd.py``) on torch
-    tensors: ``(o [B, T, H, V] in u's dtype, final state [N, H, K, V] float32
-    or None)``. Shapes as :func:`gdn_jax.chunk_launch.chunk_fwd_triton`;
-    ``config`` (kwargs) pins the config, else Triton's autotuner runs
-    (``autotune=True``) or the fixed config (interpreter)."""
+                    output_final_state=True, state_v_first=False, write_o=True, store_h=False,
+                    store_v=False, autotune=True, config=None, dot_precision="tf32"):
+    """The chunk walk (``kernels/chunk_fwd.py``) on torch tensors: ``(o,
+    final_state, h, v_new)`` as :func:`gdn_jax.chunk_launch.chunk_walk_triton`,
+    each None where not asked for. ``config`` (kwargs) pins the config, else
+    Triton's autotuner runs (``autotune=True``) or the fixed config (interpreter)."""
     import torch
 
-    from .chunk_launch import chunk_fwd_grid, chunk_fwd_constexprs
+    from .chunk_indices import chunk_offsets
+    from .chunk_launch import chunk_fwd_constexprs, chunk_fwd_grid, state_rows
     from .kernels.chunk_fwd import gdn_chunk_fwd_kernel
 
-    B, T, Hg, K = q.shape
+    B, T, Hg, K = k.shape
     H, V = u.shape[2], u.shape[3]
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    o = torch.empty(B, T, H, V, device=u.device, dtype=u.dtype)
-    shape = (N, H, V, K) if state_v_first else (N, H, K, V)
-    ht = torch.empty(shape if output_final_state else (1,), device=u.device, dtype=torch.float32)
-    if N * H == 0:
-        return o, (ht if output_final_state else None)
-    dummy = torch.zeros(1, dtype=torch.int32, device=u.device)
-    kernel, kwargs = tuned_or_fixed(gdn_chunk_fwd_kernel, "chunk_fwd", autotune,
-                                    None if config is None else {"chunk_fwd": config})
-    grid = lambda meta: chunk_fwd_grid(N, H, V, meta["BV"])  # noqa: E731
-    kernel[grid](q, k, w, u, gc, dummy if initial_state is None else initial_state.float(),
-                 dummy if cu_seqlens is None else cu_seqlens.to(torch.int32), float(scale), T, o, ht,
-                 **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, output_final_state,
-                                        cu_seqlens is not None, state_v_first, dot_precision),
-                 **kwargs)
-    return o, (ht if output_final_state else None)
+    varlen = cu_seqlens is not None
+    N = B if not varlen else len(cu_seqlens) - 1
+    dev = u.device
+    empty = lambda shape, dtype, want: torch.empty(shape if want else (1,), device=dev, dtype=dtype)  # noqa: E731
+    o = empty((B, T, H, V), u.dtype, write_o)
+    ht = empty((N, H, V, K) if state_v_first else (N, H, K, V), torch.float32, output_final_state)
+    h = empty((state_rows(B, T, N, varlen), H, K, V), u.dtype, store_h)
+    vn = empty((B, T, H, V), u.dtype, store_v)
+    outs = [o, ht, h, vn]
+    wanted = (write_o, output_final_state, store_h, store_v)
+    if N * H != 0:
+        dummy = torch.zeros(1, dtype=torch.int32, device=dev)
+        offsets = dummy
+        if varlen:
+            offsets = torch.from_numpy(np.asarray(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev)
+        kernel, kwargs = tuned_or_fixed(gdn_chunk_fwd_kernel, "chunk_fwd", autotune,
+                                        None if config is None else {"chunk_fwd": config})
+        grid = lambda meta: chunk_fwd_grid(N, H, V, meta["BV"])  # noqa: E731
+        kernel[grid](q, k, w, u, gc, dummy if initial_state is None else initial_state.float(),
+                     dummy if cu_seqlens is None else cu_seqlens.to(torch.int32), offsets,
+                     float(scale), T, o, ht, h, vn,
+                     **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, output_final_state,
+                                            varlen, state_v_first, dot_precision),
+                     WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, **kwargs)
+    return tuple(x if want else None for x, want in zip(outs, wanted))

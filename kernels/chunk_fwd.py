@@ -27,6 +27,10 @@ Hopper's warpgroup MMA). At B=8 T=4096 the transposed form with BV=64 took
 0.576 ms against the row form's best 0.787 (BV=32); at one sequence of 32768
 the row form with BV=16 (256 programs) took 1.42 ms against 1.68.
 
+The backward runs the same walk to recompute what it needs (``STORE_H``: the
+state entering each chunk, rounded to the inputs' dtype, as rows of ``h
+[chunks, H, K, V]``; ``STORE_V``: ``v'``), without the output (``WRITE_O``).
+
 Program ids: axis 0 only, the V block fastest, then the value head, then the
 sequence, so that programs reading the same q/k rows (V blocks, the GQA heads
 of one key head) run side by side. Offsets of rows are 64-bit. Plain pointer
@@ -92,10 +96,13 @@ def gdn_chunk_fwd_kernel(
     gc,
     h0,
     cu_seqlens,
+    chunk_offsets,
     scale,
     T,
     o,
     ht,
+    h,
+    v_new,
     H: tl.constexpr,
     Hg: tl.constexpr,
     K: tl.constexpr,
@@ -109,6 +116,9 @@ def gdn_chunk_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     STATE_V_FIRST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WRITE_O: tl.constexpr = True,
+    STORE_H: tl.constexpr = False,
+    STORE_V: tl.constexpr = False,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0)
@@ -137,14 +147,22 @@ def gdn_chunk_fwd_kernel(
     w += (bos * H + i_h) * K
     u += (bos * H + i_h) * V
     o += (bos * H + i_h) * V
+    v_new += (bos * H + i_h) * V
     gc += bos * H + i_h
+    if STORE_H:  # the states entering each chunk, as rows of h [chunks, H, K, V]
+        if IS_VARLEN:
+            first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
+        else:
+            first_chunk = i_n.to(tl.int64) * tl.cdiv(T, BT)
+        h_offsets, _ = state_tile(first_chunk, i_h, i_v, H, K, V, BK, BV, False)
 
     for i_c in range(tl.cdiv(seq_len, BT)):
         r = (i_c * BT + o_t).to(tl.int64)  # rows of this chunk, from the sequence start
         m_t = r < seq_len
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_q = tile(q, r, o_k, Hg * K, m_tk, TRANSPOSED)
+        if WRITE_O:
+            b_q = tile(q, r, o_k, Hg * K, m_tk, TRANSPOSED)
         b_k = tile(k, r, o_k, Hg * K, m_tk, False)
         b_w = tile(w, r, o_k, H * K, m_tk, TRANSPOSED)
         b_u = tile(u, r, o_v, H * V, m_tv, TRANSPOSED).to(tl.float32)
@@ -152,26 +170,37 @@ def gdn_chunk_fwd_kernel(
         last = (tl.minimum(i_c * BT + BT, seq_len) - 1).to(tl.int64)
         g_last = tl.load(gc + last * H).to(tl.float32)
         b_sx = b_s.to(b_w.dtype)
+        if STORE_H:
+            tl.store(h + h_offsets + i_c * (H * K * V), tl.trans(b_sx) if TRANSPOSED else b_sx,
+                     mask=s_mask)
         if TRANSPOSED:  # b_q, b_w, b_u are q^T, w^T, u^T; b_s is S^T
             b_v = b_u - tl.dot(b_sx, b_w, input_precision=DOT_PRECISION)  # v'^T [BV, BT]
-            b_o = tl.dot(b_sx, b_q, input_precision=DOT_PRECISION) * tl.exp(b_g)[None, :]
-            b_a = tl.dot(b_k, b_q, input_precision=DOT_PRECISION)  # [j, i] = <k_j, q_i>
-            b_a = b_a * tl.exp(tl.where(o_t[:, None] <= o_t[None, :], b_g[None, :] - b_g[:, None],
-                                        float("-inf")))
-            b_o += tl.dot(b_v.to(b_w.dtype), b_a.to(b_w.dtype), input_precision=DOT_PRECISION)
-            tl.store(o + r[None, :] * (H * V) + o_v[:, None], (b_o * scale).to(o.dtype.element_ty),
-                     mask=tl.trans(m_tv))
+            if STORE_V:
+                tl.store(v_new + r[None, :] * (H * V) + o_v[:, None], b_v.to(v_new.dtype.element_ty),
+                         mask=tl.trans(m_tv))
+            if WRITE_O:
+                b_o = tl.dot(b_sx, b_q, input_precision=DOT_PRECISION) * tl.exp(b_g)[None, :]
+                b_a = tl.dot(b_k, b_q, input_precision=DOT_PRECISION)  # [j, i] = <k_j, q_i>
+                b_a = b_a * tl.exp(tl.where(o_t[:, None] <= o_t[None, :], b_g[None, :] - b_g[:, None],
+                                            float("-inf")))
+                b_o += tl.dot(b_v.to(b_w.dtype), b_a.to(b_w.dtype), input_precision=DOT_PRECISION)
+                tl.store(o + r[None, :] * (H * V) + o_v[:, None], (b_o * scale).to(o.dtype.element_ty),
+                         mask=tl.trans(m_tv))
             b_vd = (b_v * tl.exp(g_last - b_g)[None, :]).to(b_k.dtype)
             b_s = b_s * tl.exp(g_last) + tl.dot(b_vd, b_k, input_precision=DOT_PRECISION)
         else:
             b_v = b_u - tl.dot(b_w, b_sx, input_precision=DOT_PRECISION)  # v' [BT, BV]
-            b_o = tl.dot(b_q, b_sx, input_precision=DOT_PRECISION) * tl.exp(b_g)[:, None]
-            b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-            b_a = b_a * tl.exp(tl.where(o_t[:, None] >= o_t[None, :], b_g[:, None] - b_g[None, :],
-                                        float("-inf")))
-            b_o += tl.dot(b_a.to(b_w.dtype), b_v.to(b_w.dtype), input_precision=DOT_PRECISION)
-            tl.store(o + r[:, None] * (H * V) + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
-                     mask=m_tv)
+            if STORE_V:
+                tl.store(v_new + r[:, None] * (H * V) + o_v[None, :], b_v.to(v_new.dtype.element_ty),
+                         mask=m_tv)
+            if WRITE_O:
+                b_o = tl.dot(b_q, b_sx, input_precision=DOT_PRECISION) * tl.exp(b_g)[:, None]
+                b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+                b_a = b_a * tl.exp(tl.where(o_t[:, None] >= o_t[None, :], b_g[:, None] - b_g[None, :],
+                                            float("-inf")))
+                b_o += tl.dot(b_a.to(b_w.dtype), b_v.to(b_w.dtype), input_precision=DOT_PRECISION)
+                tl.store(o + r[:, None] * (H * V) + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
+                         mask=m_tv)
             b_vd = (b_v * tl.exp(g_last - b_g)[:, None]).to(b_k.dtype)
             b_s = b_s * tl.exp(g_last) + tl.dot(tl.trans(b_k), b_vd, input_precision=DOT_PRECISION)
 

@@ -108,12 +108,14 @@ def check_against_numpy(outs, ref, dtype, B, T, cu_seqlens=None, tol=None) -> di
     return errs
 
 
-def gdn_recurrence_numpy(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None):
+def gdn_recurrence_numpy(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None, chunk_states=False):
     """SPEC.md's per-token recurrence in float64 NumPy, one token at a time,
     vectorised over batch rows and heads (fast enough for the GPU tests'
     shapes): ``S = exp(g_t) S; v'_t = beta_t (v_t - S^T k_t); S += k_t v'_t^T;
     o_t = S^T (scale q_t)``. Per-step natural-log gates ``g``, states
-    ``[N, H, K, V]``; returns ``(o [B, T, H, V], final [N, H, K, V])``."""
+    ``[N, H, K, V]``; returns ``(o [B, T, H, V], final [N, H, K, V])``, and
+    with ``chunk_states`` also ``v' [B, T, H, V]`` and the state entering
+    every 64-chunk of every sequence, in order (``[chunks, H, K, V]``)."""
     q, k, v, g, beta = (np.asarray(x, np.float64) for x in (q, k, v, g, beta))
     B, T, Hg, K = k.shape
     H, V = v.shape[2:]
@@ -129,15 +131,26 @@ def gdn_recurrence_numpy(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None)
         rows = [(slice(0, 1), cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
         N = len(cu) - 1
     final = np.zeros((N, H, K, V)) if h0 is None else np.array(h0, np.float64)
+    vn = np.zeros((B, T, H, V))
+    entering = []  # per sequence: [M, chunks, H, K, V]
     for n, (b, bos, eos) in enumerate(rows):
         S = final.copy() if cu_seqlens is None else final[n:n + 1].copy()  # [M, H, K, V]
+        seq_states = []
         for t in range(bos, eos):
+            if (t - bos) % 64 == 0:
+                seq_states.append(S.copy())
             S *= np.exp(g[b, t])[..., None, None]
             v_new = beta[b, t][..., None] * (v[b, t] - np.einsum("mhk,mhkv->mhv", kk[b, t], S))
+            vn[b, t] = v_new
             S += kk[b, t][..., :, None] * v_new[..., None, :]
             o[b, t] = np.einsum("mhk,mhkv->mhv", qq[b, t], S)
+        entering.append(np.stack(seq_states, 1) if seq_states else np.zeros((S.shape[0], 0, H, K, V)))
         if cu_seqlens is None:
             final = S
         else:
             final[n] = S[0]
-    return o, final
+    if not chunk_states:
+        return o, final
+    h = np.concatenate([x.reshape((-1, H, K, V)) for x in entering]) if cu_seqlens is not None \
+        else entering[0].reshape((-1, H, K, V))
+    return o, final, vn, h

@@ -43,14 +43,19 @@ def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, s
     w, u, _ = fwd_intra_torch(t(k), t(v), t(gc, torch.float32), t(beta, torch.float32), cu_seqlens=cut,
                               autotune=False, dot_precision="ieee", path="split")
     state = None if S0 is None else t(np.swapaxes(S0, -1, -2) if v_first else S0, torch.float32)
-    o, ht = chunk_fwd_torch(t(q), t(k), w, u, t(gc, torch.float32), state, cut, scale=K ** -0.5,
-                            output_final_state=final, state_v_first=v_first, autotune=False,
-                            config=config, dot_precision="ieee")
+    o, ht, h, vn = chunk_fwd_torch(t(q), t(k), w, u, t(gc, torch.float32), state, cut, scale=K ** -0.5,
+                                   output_final_state=final, state_v_first=v_first, autotune=False,
+                                   store_h=True, store_v=True, config=config, dot_precision="ieee")
     # the reference on the inputs as the kernels saw them (rounded to dtype)
     up = [t(x).float().numpy() for x in (q, k, v)]
-    o_ref, f_ref = gdn_recurrence_numpy(*up, a, beta, h0=S0, cu_seqlens=cu)
+    o_ref, f_ref, vn_ref, h_ref = gdn_recurrence_numpy(*up, a, beta, h0=S0, cu_seqlens=cu, chunk_states=True)
     assert o.dtype == td
     assert max_rel_err(o.float().numpy(), o_ref, B, T, cu) < TOL[dtype]
+    # what the backward recomputes: v' and the state entering every chunk
+    assert max_rel_err(vn.float().numpy(), vn_ref, B, T, cu) < TOL[dtype]
+    assert h.shape[0] >= len(h_ref)
+    if len(h_ref):
+        assert rel_err(h.float().numpy()[:len(h_ref)], h_ref) < TOL[dtype]
     if final:
         ht = ht.numpy()
         assert rel_err(np.swapaxes(ht, -1, -2) if v_first else ht, f_ref) < TOL[dtype]
