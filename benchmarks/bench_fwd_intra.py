@@ -61,8 +61,8 @@ PATHS = {"gluon_steady_ms": "gdn_jax gluon (jax.jit)", "torch_gluon_steady_ms": 
 
 
 def path_ms(row, key):
-    """``row[key]``, or for a result file older than the steady column
-    (before session 8) the wall time of ``n_inner`` calls it had instead."""
+    """``row[key]``, or for a result file without the steady column the
+    wall time of ``n_inner`` calls it has instead."""
     return row.get(key, row.get(key.replace("_steady", "")))
 
 
@@ -279,9 +279,9 @@ def _diagonal_by(call, helper):
 
 # the one-kernel path (and the split's A kernel) with the product-of-powers diagonal
 _FUSED_NEUMANN = _diagonal_by(_NEUMANN, "unit_lower_inverse")
-# ... with the row-reading substitution of session 4 (unit_lower_inverses)
+# ... with the row-reading forward substitution (unit_lower_inverses)
 _FUSED_ROWS = _diagonal_by(_INTERLEAVED, "unit_lower_inverses")
-# ... with the L^T substitution of sessions 5 to 10
+# ... with the forward substitution on L^T (no layout conversion in its loop)
 _FUSED_SUBSTITUTION = _diagonal_by(
     "    b_Ai00, b_Ai11, b_Ai22, b_Ai33 = unit_lower_inverses_from_transposes(\n"
     "        tl.trans(b_A00), tl.trans(b_A11), tl.trans(b_A22), tl.trans(b_A33), BC)\n",
@@ -319,7 +319,7 @@ _WU_PRODUCTS = (
     "    store_A_times(b_A, v, u, b_beta, T, V, H * V, H * V, i_tc0, BT, BV, DOT_PRECISION)\n"
     "    store_A_times(b_A, k, w, b_kscale, T, K, Hg * K, H * K, i_tc0, BT, BK, DOT_PRECISION)\n")
 
-# fused_intra.gate's exp2 of base-2 g as the exp of g (the kernels of sessions 6 to 12)
+# fused_intra.gate's exp2 of base-2 g as the exp of g (tl.exp: a scaled ex2 and a subnormal guard)
 _GATE_EXP = _replace(
     ("from .safe_exp import LOG2E, safe_exp2\n", "from .safe_exp import safe_exp\n"),
     ("        b_A *= safe_exp2(g_r[:, None] - g_c[None, :])\n",
@@ -327,7 +327,7 @@ _GATE_EXP = _replace(
     *[(f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC) * LOG2E\n",
        f"        b_g{i} = load_rows(g, T, H, i_tc{i}, BC)\n") for i in range(4)])
 
-# halving_step's mask on N (C = the masked N), as in sessions 11 and 12
+# halving_step's mask on N (C = the masked N) instead of on the product Y N
 _MASK_BEFORE = _replace((
     "    b_YC = tl.where(((r // (2 * S)) == (c // (2 * S))) & ((r // S) != (c // S)),\n"
     "                    block_dot(b_Y, b_N, P), 0.0)\n",
@@ -432,7 +432,7 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "split_neumann": (_FUSED_NEUMANN, "split"),
     "split_substitution": (_FUSED_SUBSTITUTION, "split"),
     # the halving's dots with fp16 operands: 0.409 against 0.425 ms with tf32
-    # (session 11), but timing only: fp16 overflows where |N| is large (past
+    # (H200, headline, torch do_bench), but timing only: fp16 overflows where |N| is large (past
     # about 2.3 with 8x8 blocks), and a guard that branches per program made
     # ptxas wrap every shuffle in the branch in warp-synchronisation code
     # (2.8x the instructions)
@@ -442,12 +442,12 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
         "    return b_Y - tl.dot(b_YC.to(tl.float16), b_Y.to(tl.float16))\n")), "split_unit_lower"),
     "fused_rows": (_FUSED_ROWS, "fused"),
     "split_rows": (_FUSED_ROWS, "split"),
-    # block_dot as a plain tl.dot (the kernels of sessions 11 and 12): 0.429
-    # against 0.412 ms (split), 0.544 against 0.502 (one kernel), session 13
+    # block_dot as a plain tl.dot: 0.429 against 0.412 ms (split), 0.544
+    # against 0.502 (one kernel), H200, headline, torch do_bench
     "split_plain_dots": (_replace((_BLOCK_DOT_PERMUTES, "")), "split_unit_lower"),
     "fused_plain_dots": (_replace((_BLOCK_DOT_PERMUTES, "")), "fused_unit_lower"),
     # the gate factor as safe_exp of g: 0.409 against 0.399 ms (split), 0.497
-    # against 0.465 (one kernel), session 13
+    # against 0.465 (one kernel), H200, headline, torch do_bench
     "split_gate_exp": (_GATE_EXP, "split"),
     "fused_gate_exp": (_GATE_EXP, "fused"),
     # halving_step's mask on N instead of on the product Y N
@@ -472,7 +472,7 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "ablate_merge": (_merge_left_out, "split"),
     "ablate_k_blocks": (_replace(("for i_k in range(tl.cdiv(K, BK)):", "for i_k in range(1):")), "split"),
     # the split path's w/u kernel (tiles.store_w_u) with column tiles half as
-    # wide (session 5's 64 at K = V = 128)
+    # wide (64 at K = V = 128)
     "wu_narrow": (_replace((_WU_PRODUCTS, _WU_PRODUCTS.replace("BV, DOT", "BV // 2, DOT")
                             .replace("BK, DOT", "BK // 2, DOT"))), "split_wu"),
 }

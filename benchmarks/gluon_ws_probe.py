@@ -8,15 +8,15 @@ shipped split path, at the headline shape; torch launch.
 
 A config is a set of ``launch_args`` overrides (:data:`CONFIGS`): the register
 split, or ``MODE`` 1 / 2 (the builders alone, the w/u partitions alone; the
-other side only passes the slots on). The kernel grew here in sessions 15 and
-16 (NOTES: each step, with its time); the variants it left behind (one-warp
-builder partitions, plain loads, mma_v2 or asynchronous warpgroup MMAs in the
-w/u partitions, two groups of A slots, half-width key tiles, the builders'
-dots without the index permutation, gates loaded in the group, zero blocks
-written every group, results stored as each MMA ends) are in this file's
-history (commit 34fd239 and before); session 17's (TMA descriptors made on
-the device, TMA for loads or stores only, cp.async awaited at other points,
-results stored from the accumulators without TMA) in commit 982d29a.
+other side only passes the slots on). The design choices it measured are in
+docs/performance.md; variants that lost (one-warp builder partitions, plain
+loads, mma_v2 or asynchronous warpgroup MMAs in the w/u partitions, two groups
+of A slots, half-width key tiles, the builders' dots without the index
+permutation, gates loaded in the group, zero blocks written every group,
+results stored as each MMA ends) are in this file's git history up to commit
+34fd239, and TMA descriptors made on the device, TMA for loads or stores
+only, cp.async awaited at other points and results stored from the
+accumulators without TMA up to commit 982d29a.
 
 Prints ms per config beside the split path (fixed configs), the largest
 difference of ``w``, ``u``, ``A`` to the split path's outputs (B=2 H=4 Hg=2
@@ -40,11 +40,11 @@ CONFIGS = {
     "builders_only": dict(MODE=1),
     "wu_only": dict(MODE=2),
     # no TMA: cp.async k/v tiles, awaited at the iteration's start, results staged in
-    # shared memory for 16-byte stores (session 17, H200: 0.415 to 0.423 ms against 0.381)
+    # shared memory for 16-byte stores (H200, triton 3.6.0: 0.415 to 0.423 ms against 0.381)
     "no_tma": dict(TMA=False),
     "no_tma_builders_only": dict(TMA=False, MODE=1),
     "no_tma_wu_only": dict(TMA=False, MODE=2),
-    # register splits (builders, second w/u partition); H200 session 17: 216/144 0.378 ms,
+    # register splits (builders, second w/u partition); H200, triton 3.6.0: 216/144 0.378 ms,
     # 208/136 0.378, 224/144 0.384, 224/136 0.388, 232/144 0.391, 208/144 0.438, 216/136 0.436,
     # 216/152 0.439 (ptxas spills do not rank them)
     **{f"b{b}_c{c}": dict(BUILDER_REGS=b, WU_REGS=c) for b in (208, 216, 224, 232) for c in (136, 144, 152)},

@@ -2,10 +2,12 @@
 run such a sequence as a CUDA graph, a command buffer), per path; prints ok
 or the error. ``python3 benchmarks/graph_check.py IMPL [BxT]``, IMPL split
 or gluon; BxT also runs the bench's chain of launches
-(``gdn_jax.autotune.repeated``) at that size. Session 16's Gluon launch
-(TMA descriptors in global scratch, allocated per launch by jaxlib) failed
-here without ``XLA_FLAGS=--xla_gpu_enable_command_buffer=``; session 17's
-runs (``results/s17_6_graph_check_host_desc.log``)."""
+(``gdn_jax.autotune.repeated``) at that size. A launch whose kernel needs
+global scratch (TMA descriptors made on the device: jaxlib allocates it per
+launch with ``cuMemAllocAsync``) fails here unless
+``XLA_FLAGS=--xla_gpu_enable_command_buffer=`` turns the graphs off; the
+shipped Gluon launch passes its descriptors as parameters and runs
+(``results/graph_check.log``)."""
 import os
 import sys
 

@@ -9,9 +9,8 @@ and jaxlib's handler finds the loaded kernel by looking that whole string up
 in a hash map on every call. If that lookup is what makes small calls
 host-bound, host time grows with the string. Here each Triton path runs at a
 one-chunk shape (a few microseconds of GPU work) and at B=4 T=2048 H=8,
-beside a trivial jitted op. (Session 7 also ran the kernels with their
-unrolled substitution as a loop, half the PTX: the host time hardly moved.
-The kernels no longer have that substitution.) One fixed config per kernel
+beside a trivial jitted op. (Kernels with half the PTX, measured the same
+way, took about the same host time: docs/performance.md.) One fixed config per kernel
 (``GDN_JAX_AUTOTUNE=0``): nothing is timed while tracing. Prints a table,
 writes ``host_cost.json`` under --out.
 """

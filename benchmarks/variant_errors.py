@@ -6,8 +6,8 @@ in float32, so tf32 and 16-bit dots are only seen here).
     PYTHONPATH=benchmarks:tests python benchmarks/variant_errors.py split_plain_dots,fused_plain_dots [--out DIR]
 
 Torch launches with the fixed configs (``gdn_jax.autotune.UNTUNED``: one
-compile per kernel and dtype; its first run with Triton's autotuner, session
-12, was cut by a 150 s limit), B=2 T=1000 Hg=2 H=4 K=V=128, unit keys
+compile per kernel and dtype; Triton's autotuner would compile every config,
+minutes per variant), B=2 T=1000 Hg=2 H=4 K=V=128, unit keys
 (tests/inputs.make_inputs) and correlated ones (cosine about 0.95 to a
 shared direction), in bfloat16, float16 and float32. Prints one line per
 case and writes JSON.

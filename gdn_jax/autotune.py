@@ -3,7 +3,7 @@ process and launch signature (constexprs and dtypes, as Triton's own autotune
 key: not the batch or sequence length), before the graph that uses it is built.
 
 Why not hand jax-triton the ``triton.autotune`` object itself (measured on the
-H200, README "Speed"):
+H200, docs/performance.md):
 
 - jax-triton 0.3 ships every config's compiled kernel in the custom call's
   opaque string, and jaxlib's legacy handler hashes and compares that string on
@@ -39,8 +39,8 @@ from .chunk_indices import padding_row, prepare_chunk_indices
 
 # The fixed config per kernel when timing is off (GDN_JAX_AUTOTUNE=0, Triton's
 # interpreter, which cannot time): the H200's picks at the headline shape,
-# except kkt_solve (picked there: BK=32, 1 warp), whose fixed config is the one
-# every earlier GPU test run used.
+# except kkt_solve (picked there: BK=32, 1 warp), whose fixed config stays the
+# one the GPU tests' recorded errors of the seed path were measured with.
 UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
     "recompute_w_u": dict(num_warps=8, num_stages=3),

@@ -27,15 +27,16 @@ ONE_KERNEL_MAX_PROGRAMS = 2048
 
 def fastest_triton_path(programs: int) -> str:
     """The fastest Triton path for a launch of ``programs`` = chunks x value
-    heads x batch rows (64-row chunks), as measured on an H200 (README, Speed;
-    session 11, both paths with the diagonal blocks by recursive halving):
-    the split path at 16384 programs (B=8, T=4096, Hg=16, H=32: 0.427 ms
-    per call against the one kernel's 0.539), the one kernel at 2048 (B=2,
-    T=4096, H=Hg=16, K=V=256: 0.114 against 0.122; until session 10 the
-    split won there, 0.125 against 0.132) and at 1024 (B=4, T=2048, H=8:
-    0.061 against 0.066, host-bound); the split again at 4096 (B=8, T=1024,
-    Hg=16, H=32: 0.117 against 0.141, session 12). The crossover lies
-    between 2048 and 4096 programs; 2048 is the measured side."""
+    heads x batch rows (64-row chunks), as measured on an H200 (jax 0.11.2,
+    jax-triton 0.4.1, triton 3.6.0, fixed configs, bf16, ms per call;
+    docs/performance.md): the split path at 16384 programs (B=8, T=4096,
+    Hg=16, H=32: 0.414 against the one kernel's 0.459) and at 4096 (B=8,
+    T=1024: 0.111 against 0.122); the one kernel at 2048 (B=2, T=4096,
+    H=Hg=16, K=V=256: 0.106 against 0.153) and at 1024 (B=4, T=2048, H=8:
+    0.050 against 0.061, host-bound). Autotuned under jax-triton 0.3.1 the
+    order is the same (at 16384, 2048 and 1024 programs: split 0.403, 0.116,
+    0.056; one kernel 0.461, 0.105, 0.051). The crossover lies between 2048 and 4096 programs; 2048
+    is the measured side."""
     return "triton" if programs <= ONE_KERNEL_MAX_PROGRAMS else "split"
 
 

@@ -11,9 +11,9 @@ then runs the split path.
 jax-triton 0.4.1 launches Gluon kernels, with two faults this module
 mends (:func:`compile_gluon_as_triton_does`). The kernel's TMA descriptors
 are made here, as jax-triton ``TensorDescriptor`` arguments that jaxlib
-encodes per launch (:func:`fwd_intra_gluon`). Made on the device (session
-16) they lived in global scratch, which jaxlib allocates per launch and
-which broke XLA's CUDA graphs without an XLA flag.
+encodes per launch (:func:`fwd_intra_gluon`): descriptors made on the
+device would live in global scratch, which jaxlib allocates per launch with
+``cuMemAllocAsync``, a call that cannot enter XLA's CUDA graphs.
 """
 from __future__ import annotations
 
@@ -31,16 +31,16 @@ from .chunk_indices import cdiv
 # Registers per thread: the kernel (maxnreg; 12 warps x 168 fill the SM's
 # 64 K), the builder partition and the second w/u partition (setmaxnreg; the
 # first w/u partition, the default one, gets what is left: 3 x 168 - 216 - 144
-# = 144, as session 15 read the compiled kernels).
-# Chosen on the H200 (session 16, headline shape, torch do_bench): 216 / 144
-# gave 0.380 ms; 224 / 144 0.390; 208 / 136 0.388; 208 / 144, 216 / 136 and
-# 216 / 152 0.435 to 0.443 (ptxas spills do not rank them).
+# = 144, as read from the compiled kernel).
+# Chosen on the H200 (triton 3.6.0, headline shape, torch do_bench): 216 / 144
+# 0.378 ms; 208 / 136 0.378; 224 / 144 0.384; 224 / 136 0.388; 232 / 144 0.391;
+# 208 / 144, 216 / 136 and 216 / 152 0.436 to 0.439 (ptxas spills do not rank them).
 MAXNREG = 168
 REGS = dict(BUILDER_REGS=216, WU_REGS=144)
 WARPS = 4  # per partition; the launch has 12 (ttg.total-num-warps)
 # The w/u partitions' copies: True, TMA loads and stores (descriptors made
 # here); False, cp.async loads (rows past T zero-filled) and stores staged in
-# shared memory, which take any T but ran 0.41 against 0.38 ms (H200, session 17).
+# shared memory, which take any T but ran 0.41 against 0.38 ms (H200, headline shape).
 TMA = True
 
 
@@ -197,7 +197,7 @@ def fwd_intra_gluon(k, v, g, beta):
     descs = {n: jt.TensorDescriptor.from_array(x, (64, cols), layout=tile) for n, (x, cols) in descs.items()}
     # The results as (A, w, u): jaxlib hands the kernel's pointer parameters the
     # operands' buffers and then the results' in order, aliased ones included
-    # (ordered w, u, A, the A parameter got w's buffer: H200, session 17). The
+    # (ordered w, u, A, the A parameter would get w's buffer). The
     # aliased operands are the descriptors, at their parameters' positions (all
     # parameters before them are arrays).
     params = gdn_fwd_intra_gluon_kernel.arg_names

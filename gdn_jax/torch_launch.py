@@ -1,7 +1,7 @@
 """The same ``kernels/`` launched from PyTorch: the second launcher of the Triton
 sources, for the CPU interpreter tests (``TRITON_INTERPRET=1`` with torch CPU
 tensors) and the JAX-vs-torch benchmark on the GPU. Needs torch (not a
-dependency of gdn-jax; the ``test`` extra installs it).
+dependency of gdn-jax; the ``interpreter`` extra installs it).
 """
 from __future__ import annotations
 

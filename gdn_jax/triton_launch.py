@@ -96,7 +96,7 @@ def _block(n: int, widest: int = 64) -> int:
 def wu_blocks(K: int, V: int) -> dict:
     """The w/u kernel's column tiles ``BK``, ``BV``: up to 128 wide (one tile
     per matrix at K = V = 128; 0.465 against 0.481 ms for 64-wide tiles,
-    split path at the headline shape, H200, torch do_bench, session 6)."""
+    split path at the headline shape, H200, triton 3.6.0, torch do_bench)."""
     return dict(BK=_block(K, 128), BV=_block(V, 128))
 
 
@@ -119,8 +119,8 @@ def launch(name: str, kernel, operands, *, out, grid, tune_key=(), **kwargs):
 # rows, the headline shape's: the configs' keys leave out B and T
 # (gdn_jax.autotune), and timing on stand-ins of the full size (a second copy
 # of every operand and output) took minutes past 2^31 elements and then
-# crashed the process (segfault in the interpreter, H200, jax-triton 0.3.1,
-# session 9; cause not found).
+# crashed the process (a segfault in the Python interpreter, H200, jax-triton 0.3.1,
+# cause not found).
 TIMING_ROWS = 32768
 
 

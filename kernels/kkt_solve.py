@@ -1,3 +1,11 @@
+# Adapted from flash-linear-attention (https://github.com/fla-org/flash-linear-attention),
+# fla/ops/gated_delta_rule/chunk_fwd.py, chunk_gated_delta_rule_fwd_kkt_solve_kernel,
+# in the form sglang ships it. The changes are commented below the docstring.
+#
+# Copyright (c) 2023-2026 Songlin Yang, Yu Zhang, Zhiyuan Li
+# Licensed under the MIT License: the full notice is in THIRD_PARTY_NOTICES at the
+# root of the gdn-jax repository and distribution. This file's changes are part
+# of gdn-jax (Apache-2.0, LICENSE).
 """The seed's fused GDN intra-chunk kernel: ``A = (I + L)^-1`` for every 64-row chunk.
 
 Adapted from flash-linear-attention's fla/ops/gated_delta_rule/chunk_fwd.py as

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU-machine session: installs the carried jax-triton wheel and this package
-# into /tmp (no registry there), then runs the given phases.
+# On a GPU machine without a package registry: installs the carried jax-triton
+# wheel and this package into /tmp, then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
 #   phases: info | test-fixed | test-tuned | test-gluon | test-slow | bench | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels). Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
@@ -21,8 +21,8 @@ for phase in "$@"; do
   case $phase in
     info) python3 -P -c "import jax, jax_triton, triton, torch, gdn_jax; print('jax', jax.__version__, 'jax_triton', jax_triton.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices(), gdn_jax.__file__)";;
     # Compiling dominates: the whole GPU suite runs with one fixed config per
-    # kernel (GDN_JAX_AUTOTUNE=0) in 8 processes (~200 s for 130 tests in
-    # session 4), then the tuned kernels (gdn_jax.autotune) on the T=4096 and
+    # kernel (GDN_JAX_AUTOTUNE=0) in 8 processes (~250 s for ~170 tests on an
+    # H200), then the tuned kernels (gdn_jax.autotune) on the T=4096 and
     # the traced-varlen cases, then the slow ones (tensors of tens of GB)
     # alone. Each phase takes minutes: run each in its own device call.
     test-fixed) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
@@ -39,7 +39,7 @@ for phase in "$@"; do
     # Nsight Compute on one path's kernels at the headline, fixed configs
     # (benchmarks/profile_split.py; PROFILE_ARGS="--variant NAME" profiles a
     # variant): the report, its details page and the stall summary
-    # (benchmarks/ncu_stalls.py). Session 12 ran these commands inline.
+    # (benchmarks/ncu_stalls.py).
     profile)
       PYTHONPATH=$PYTHONPATH:$PWD/benchmarks ncu --clock-control none --set full --import-source no \
         -k regex:'gdn_fwd_intra_A_kernel|recompute_w_u' --launch-skip 2 --launch-count 2 -f -o "$OUT/split" \
@@ -64,8 +64,8 @@ for phase in "$@"; do
     # it, then with Triton's own ptxas (the one torch's launch uses). jaxlib
     # compiles the PTX with XLA's CompileGpuAsm, which takes the first ptxas of
     # a fixed list of folders (the python's bin folder, then /usr/local/nvidia,
-    # /usr/local/cuda; neither PATH nor --xla_gpu_cuda_data_dir changed it,
-    # session 10): Triton's is linked into the python's bin folder for the
+    # /usr/local/cuda; neither PATH nor --xla_gpu_cuda_data_dir changes it):
+    # Triton's is linked into the python's bin folder for the
     # second run, and removed after it.
     assembler)
       bindir=$(dirname "$(command -v python3)")

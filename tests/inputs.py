@@ -1,4 +1,4 @@
-"""Random test inputs as SPEC.md describes them (never zeros)."""
+"""Random test inputs as docs/math.md describes them (never zeros)."""
 from __future__ import annotations
 
 import jax.numpy as jnp

@@ -1,6 +1,6 @@
-"""Float64 NumPy implementation of SPEC.md's fwd_intra, written from the spec
-alone (loops over sequences, chunks and heads; no code shared with gdn_jax).
-The independent yardstick of the tests."""
+"""Float64 NumPy implementation of fwd_intra (docs/math.md), written from the
+math alone (loops over sequences, chunks and heads; no code shared with
+gdn_jax). The independent yardstick of the tests."""
 from __future__ import annotations
 
 import numpy as np
@@ -70,10 +70,10 @@ def max_rel_err(out, ref, B, T, cu_seqlens=None) -> float:
 
 
 # Largest relative Frobenius error accepted per output and input dtype:
-# SPEC.md's measured ranges (fp32 w 4e-4..7e-4, u and A 1e-4..4e-4; bf16 w, u
+# docs/math.md's measured ranges (fp32 w 4e-4..7e-4, u and A 1e-4..4e-4; bf16 w, u
 # ~3e-3, A 2e-4..1e-3) with a margin of about 2.5x. fp16 has 3 more mantissa
 # bits than bf16.
-SPEC_TOL = {
+INTRA_TOL = {
     "float32": {"w": 2e-3, "u": 1e-3, "A": 1e-3},
     "bfloat16": {"w": 8e-3, "u": 8e-3, "A": 3e-3},
     "float16": {"w": 2e-3, "u": 2e-3, "A": 1e-3},
@@ -92,10 +92,10 @@ def a_support(B, T, cu_seqlens=None) -> np.ndarray:
 
 
 def check_against_numpy(outs, ref, dtype, B, T, cu_seqlens=None, tol=None) -> dict:
-    """Asserts w, u, A within ``tol`` (default SPEC_TOL[dtype]) of the float64
+    """Asserts w, u, A within ``tol`` (default INTRA_TOL[dtype]) of the float64
     reference per sequence, finite, and A exactly zero off its support.
     Returns the errors {name: err}."""
-    tol = SPEC_TOL[dtype] if tol is None else tol
+    tol = INTRA_TOL[dtype] if tol is None else tol
     errs = {}
     for name, o, r in zip("wuA", outs, ref):
         o = np.asarray(o, np.float64) if o.dtype != "bfloat16" else np.asarray(o.astype("float32"), np.float64)

@@ -1,5 +1,5 @@
 """``impl="gluon"`` (the warp-specialized Gluon kernel) on a Hopper GPU
-against the float64 NumPy reference at SPEC.md's tolerances and the jnp
+against the float64 NumPy reference at docs/math.md's tolerances and the jnp
 reference (``test_gpu.check``), the split path, and ``impl="auto"``. Skipped
 where the kernel cannot run (no Hopper GPU, jax-triton < 0.4, a jaxlib
 without TMA descriptor parameters: the skip reason says which)."""
@@ -39,7 +39,7 @@ def test_against_float64(B, T, Hg, H, use_g, record_errors):
 def test_close_to_split_path_at_a_large_launch():
     """B=4 T=4096 Hg=16 H=32 (8192 tasks): the difference to the split path
     stays within the two paths' rounding (beta folded into A, or into v and
-    k first: ~6e-3 of the largest value in session 16's probe)."""
+    k first: ~6e-3 of the largest value at the headline shape, H200)."""
     args = make_inputs(11, 4, 4096, 16, 32, 128, 128, "bfloat16")
     for name, a, b in zip("wuA", run(*args, impl="gluon"), run(*args, impl="split")):
         a, b = np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32))

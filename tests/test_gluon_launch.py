@@ -106,7 +106,7 @@ def test_both_launchers_compile_the_same_kernel():
     """With TMA the kernel says ``T % 16 == 0`` itself, so the specialization
     Triton's launcher gives ``T = 4096`` (a multiple of 16) and jax-triton
     does not changes nothing: the same PTX. (Without it the two compiled
-    apart, 5808 and 6120 SASS instructions under triton 3.6, session 18.)"""
+    apart, 5808 and 6120 SASS instructions under triton 3.6, sm_90a.)"""
     jax_like = gluon_launch.compile_offline(TMA=True).asm["ptx"]
     torch_like = gluon_launch.compile_offline(TMA=True, divisible=("T", "n_tasks", "NTC")).asm["ptx"]
     assert jax_like == torch_like

@@ -1,5 +1,5 @@
 """The Triton path on an NVIDIA GPU against the float64 NumPy reference (at
-SPEC.md's tolerances) and the jnp reference. Skipped where JAX has no CUDA GPU."""
+docs/math.md's tolerances) and the jnp reference. Skipped where JAX has no CUDA GPU."""
 import functools
 import warnings
 
@@ -11,7 +11,7 @@ import pytest
 import gdn_jax
 from gdn_jax.backend import cuda_available
 from inputs import as_f64, make_inputs
-from numpy_reference import SPEC_TOL, check_against_numpy, fwd_intra_numpy, max_rel_err
+from numpy_reference import INTRA_TOL, check_against_numpy, fwd_intra_numpy, max_rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,7 +49,7 @@ def check(impl, dtype, k, v, g, beta, cu=None, record=None):
     for name, o, r in zip("wuA", outs, jref):
         r64 = np.asarray(r.astype(jnp.float32), np.float64)
         e = max_rel_err(np.asarray(o.astype(jnp.float32)), r64, B, T, cu)
-        assert e <= SPEC_TOL[dtype][name], f"{name} vs jnp reference: {e:.3g}"
+        assert e <= INTRA_TOL[dtype][name], f"{name} vs jnp reference: {e:.3g}"
     if record is not None:
         record(f"gpu {impl}", dtype, errs)
     return outs
@@ -158,7 +158,7 @@ def test_launch_passes_no_deprecated_jax_triton_argument(impl):
 def test_one_kernel_path_agrees_with_seed_path(dtype):
     """Both Triton paths compute A in float32 and round it to k's dtype before
     w and u, so they differ only by float32 summation order and the rounding it
-    flips: within SPEC.md's tolerances of each other, whatever float64 says."""
+    flips: within docs/math.md's tolerances of each other, whatever float64 says."""
     cu = VARLEN[0]
     k, v, g, beta = make_inputs(11, 1, cu[-1], 2, 8, K, V, dtype, cu_seqlens=cu)
     cu_arr = jnp.asarray(cu, jnp.int32)
@@ -166,4 +166,4 @@ def test_one_kernel_path_agrees_with_seed_path(dtype):
     for name, a, b in zip("wuA", fused, seed):
         a64, b64 = (np.asarray(x.astype(jnp.float32), np.float64) for x in (a, b))
         e = max_rel_err(a64, b64, 1, cu[-1], cu)
-        assert e <= SPEC_TOL[dtype][name], f"{name}: one-kernel vs seed path {e:.3g}"
+        assert e <= INTRA_TOL[dtype][name], f"{name}: one-kernel vs seed path {e:.3g}"

@@ -16,7 +16,11 @@ if jax.default_backend() != "cpu":
     )
 assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
 
-import torch  # noqa: E402  (required: the interpreter launches on torch CPU tensors)
+# The interpreter launches the kernels on torch CPU tensors: without torch this
+# module skips (pip install -e '.[interpreter]', a CPU build is enough).
+torch = pytest.importorskip(
+    "torch", reason="the interpreter tests launch the Triton kernels on torch CPU tensors; "
+    "install torch (CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)")
 
 from gdn_jax.torch_launch import fwd_intra_torch  # noqa: E402
 from inputs import as_f64, make_inputs  # noqa: E402

@@ -1,4 +1,4 @@
-"""naive_recurrent_gated_delta_rule against a float64 NumPy loop written from SPEC.md."""
+"""naive_recurrent_gated_delta_rule against a float64 NumPy loop written from docs/math.md."""
 from __future__ import annotations
 
 import jax
@@ -13,7 +13,7 @@ naive_jit = jax.jit(naive_recurrent_gated_delta_rule, static_argnames=("output_f
 
 
 def gdn_numpy(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None):
-    """SPEC.md's per-token recurrence, float64, loops over sequences, heads, tokens."""
+    """docs/math.md's per-token recurrence, float64, loops over sequences, heads, tokens."""
     q, k, v, g, beta = (np.asarray(x, np.float64) for x in (q, k, v, g, beta))
     B, T, Hg, K = k.shape
     H, V = v.shape[2:]

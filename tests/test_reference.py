@@ -1,5 +1,5 @@
 """The jnp reference (gdn_jax.reference.fwd_intra_reference) against the
-float64 NumPy implementation written from SPEC.md."""
+float64 NumPy implementation written from docs/math.md."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +10,7 @@ from inputs import as_f64, make_inputs, many_sequences
 from isolation import check_nan_isolation
 from numpy_reference import check_against_numpy, fwd_intra_numpy
 
-# The reference computes in float32 (HIGHEST precision): far tighter than SPEC_TOL.
+# The reference computes in float32 (HIGHEST precision): far tighter than INTRA_TOL.
 TIGHT = {"w": 1e-5, "u": 1e-5, "A": 1e-5}
 
 
