@@ -37,7 +37,7 @@ def repeat_heads(x, H: int):
 
 def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                      output_final_state=False, cu_seqlens=None):
-    """The Gated DeltaNet forward, one token at a time (SPEC.md's recurrence).
+    """The Gated DeltaNet forward, one token at a time (docs/math.md).
 
     Per sequence and value head ``h`` (``k_t``, ``q_t`` from key head
     ``h // (H // Hg)``), with state ``S [K, V]`` starting at ``initial_state``

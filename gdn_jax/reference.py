@@ -5,7 +5,7 @@ and, re-exported from ``naive_recurrent.py``, the per-token recurrence
 Float32 math (float64 where the inputs are float64 and x64 is on), fixed
 length and packed varlen, traced ``cu_seqlens`` included. It is the CPU
 default of :func:`gdn_jax.fwd_intra` and the yardstick of the GPU tests. The
-math is SPEC.md's, written once in :func:`chunk_wy`.
+math is docs/math.md's, written once in :func:`chunk_wy`.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def safe_exp(x: jax.Array) -> jax.Array:
 
 
 def chunk_wy(kk, v, g, beta, valid):
-    """SPEC.md's per-chunk math on chunks laid out as ``[..., BT, heads, dim]``.
+    """docs/math.md's per-chunk math on chunks laid out as ``[..., BT, heads, dim]``.
 
     Args:
       kk: ``[..., BT, H, K]`` keys, already repeated to the H value heads.

@@ -109,7 +109,7 @@ def check_against_numpy(outs, ref, dtype, B, T, cu_seqlens=None, tol=None) -> di
 
 
 def gdn_recurrence_numpy(q, k, v, g, beta, scale=None, h0=None, cu_seqlens=None, chunk_states=False):
-    """SPEC.md's per-token recurrence in float64 NumPy, one token at a time,
+    """docs/math.md's per-token recurrence in float64 NumPy, one token at a time,
     vectorised over batch rows and heads (fast enough for the GPU tests'
     shapes): ``S = exp(g_t) S; v'_t = beta_t (v_t - S^T k_t); S += k_t v'_t^T;
     o_t = S^T (scale q_t)``. Per-step natural-log gates ``g``, states
