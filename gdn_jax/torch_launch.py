@@ -157,3 +157,76 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
                                             varlen, state_v_first, dot_precision),
                      WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, **kwargs)
     return tuple(x if want else None for x, want in zip(outs, wanted))
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None, *, scale,
+                    dot_precision="tf32", config=None):
+    """The backward of the chunked forward from the Triton kernels on torch
+    tensors (the interpreter tests' launch of the whole pipeline):
+    ``(dq, dk, dv, dgc, dbeta, dh0)`` as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`.
+    The steps: ``w, u`` from ``A`` (``recompute_w_u``), the walk again storing
+    the chunk states and ``v'``, the reverse walk, the per-chunk gradients, the
+    WY backward; then the sums over K blocks and value heads (torch)."""
+    import torch
+
+    from .chunk_indices import chunk_offsets
+    from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
+    from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
+    from .kernels.wy_bwd import gdn_wy_bwd_kernel
+
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    varlen = cu_seqlens is not None
+    N = B if not varlen else len(cu_seqlens) - 1
+    dev = k.device
+    dummy = torch.zeros(1, dtype=torch.int32, device=dev)
+    cu = dummy if not varlen else cu_seqlens.to(torch.int32)
+    ci = torch.from_numpy(np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), 64))).to(dev) \
+        if varlen else dummy
+    offsets = torch.from_numpy(np.asarray(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev) \
+        if varlen else dummy
+    NT = cdiv(T, 64) if not varlen else len(ci)
+    # w, u from the saved A (the split path's second kernel)
+    w = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
+    u = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
+    common = dict(T=T, H=H, Hg=Hg, K=K, BT=64, USE_G=True, IS_VARLEN=varlen, DOT_PRECISION=dot_precision)
+    grid = head_fastest_grid(NT, H, B)
+    wu, wu_config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", False)
+    wu[grid](k=k, v=v, beta=beta, g=gc, A=A, cu_seqlens=cu, chunk_indices=ci, w=w, u=u, V=V,
+             **wu_blocks(K, V), **common, **wu_config)
+    _, _, h, vn = chunk_fwd_torch(k, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
+                                  output_final_state=False, write_o=False, store_h=True, store_v=True,
+                                  autotune=False, config=config, dot_precision=dot_precision)
+    dv_new = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
+    dh = torch.empty_like(h)
+    dh0 = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
+    walk, walk_config = tuned_or_fixed(gdn_chunk_bwd_walk_kernel, "chunk_bwd_walk", False)
+    from .chunk_launch import chunk_fwd_grid
+
+    BK = _pow2(K)
+    walk[chunk_fwd_grid(N, H, V, walk_config["BV"])](
+        q, k, w, gc, do, dummy if dht is None else dht.float(), cu, offsets, float(scale), T,
+        dv_new, dh, dh0, H=H, Hg=Hg, K=K, V=V, BT=64, BK=BK, USE_DHT=dht is not None,
+        IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **walk_config)
+    BKl = min(64, BK)
+    NK = cdiv(K, BKl)
+    dq = torch.empty(B, T, H, K, device=dev, dtype=torch.float32)
+    dk = torch.empty_like(dq)
+    dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
+    dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
+    gdn_chunk_bwd_local_kernel[(NT * H, B, NK)](
+        q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
+        V=V, BT=64, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, num_warps=4)
+    dk_wy = torch.empty_like(dq)
+    dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
+    dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
+    dg_wy = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
+    gdn_wy_bwd_kernel[grid](
+        k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
+        BT=64, BK=BK, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, num_warps=4)
+    heads = lambda x: x.view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA
+    return heads(dq), heads(dk + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0

@@ -1,0 +1,120 @@
+"""The backward's reverse walk: the state gradient over chunks, last to first.
+
+Written from docs/math.md ("Gradients"; ``gdn_jax/chunk_bwd_jnp.py`` is its jnp
+reference). One program per (sequence, value head, block of ``BV`` value
+columns) walks its sequence's chunks backwards with ``dS`` (the cotangent of
+the state leaving the chunk, float32 ``[K, BV]``, from the final state's
+cotangent) on chip, and per chunk (``e = exp(gc)``, ``gamma = exp(gl)``,
+``E_ij = exp(gc_i - gc_j)`` for ``i >= j``)::
+
+    dv' = scale (q k^T E)^T do + (k exp(gl - gc)) dS       stored: the cotangent of v' (and u)
+    dh  = dS                                                stored: the chunk's leaving-state cotangent
+    dS <- gamma dS + scale (e q)^T do - w^T dv'
+
+and the initial state's cotangent last. Chunk rows past the sequence end
+load as zeros. The program layout and conventions are those of
+``kernels/chunk_fwd.py`` (V block fastest, 64-bit row offsets, plain pointers,
+outputs last).
+"""
+import triton
+import triton.language as tl
+
+from .chunk_fwd import sequence_rows, state_tile
+
+
+@triton.autotune(
+    configs=[
+        triton.Config({"BV": BV}, num_warps=num_warps, num_stages=2)
+        for BV in [16, 32, 64]
+        for num_warps in [4, 8]
+    ],
+    key=["H", "Hg", "K", "V", "BK", "USE_DHT", "IS_VARLEN"],
+)
+@triton.jit(do_not_specialize=["T"])
+def gdn_chunk_bwd_walk_kernel(
+    q,
+    k,
+    w,
+    gc,
+    do,
+    dht,
+    cu_seqlens,
+    chunk_offsets,
+    scale,
+    T,
+    dv,
+    dh,
+    dh0,
+    H: tl.constexpr,
+    Hg: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_DHT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0)
+    i_v = pid % NV
+    i_h = (pid // NV) % H
+    i_n = pid // (NV * H)
+    bos, seq_len = sequence_rows(i_n, cu_seqlens, T, IS_VARLEN)
+    i_hk = i_h // (H // Hg)
+    scale = tl.cast(scale, tl.float32)
+
+    s_offsets, s_mask = state_tile(i_n, i_h, i_v, H, K, V, BK, BV, False)
+    b_ds = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_ds = tl.load(dht + s_offsets, mask=s_mask, other=0).to(tl.float32)
+    if IS_VARLEN:
+        first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        first_chunk = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    h_offsets, _ = state_tile(first_chunk, i_h, i_v, H, K, V, BK, BV, False)
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    q += (bos * Hg + i_hk) * K
+    k += (bos * Hg + i_hk) * K
+    w += (bos * H + i_h) * K
+    do += (bos * H + i_h) * V
+    dv += (bos * H + i_h) * V
+    gc += bos * H + i_h
+
+    n_chunks = tl.cdiv(seq_len, BT)
+    for j in range(n_chunks):
+        i_c = n_chunks - 1 - j
+        r = (i_c * BT + o_t).to(tl.int64)
+        m_t = r < seq_len
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_q = tl.load(q + r[:, None] * (Hg * K) + o_k[None, :], mask=m_tk, other=0)
+        b_k = tl.load(k + r[:, None] * (Hg * K) + o_k[None, :], mask=m_tk, other=0)
+        b_w = tl.load(w + r[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0)
+        b_do = tl.load(do + r[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0)
+        b_g = tl.load(gc + r * H, mask=m_t, other=0).to(tl.float32)
+        last = (tl.minimum(i_c * BT + BT, seq_len) - 1).to(tl.int64)
+        g_last = tl.load(gc + last * H).to(tl.float32)
+
+        b_dsx = b_ds.to(b_k.dtype)
+        tl.store(dh + h_offsets + i_c * (H * K * V), b_dsx, mask=s_mask)
+        # (q k^T E)^T do: [j, i] = <k_j, q_i> exp(gc_i - gc_j) for i >= j
+        b_a = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
+        b_a = b_a * tl.exp(tl.where(o_t[:, None] <= o_t[None, :], b_g[None, :] - b_g[:, None],
+                                    float("-inf")))
+        b_dv = scale * tl.dot(b_a.to(b_k.dtype), b_do, input_precision=DOT_PRECISION)
+        b_kt = (b_k * tl.exp(g_last - b_g)[:, None]).to(b_k.dtype)  # rows past the end: k is 0
+        b_dv += tl.dot(b_kt, b_dsx, input_precision=DOT_PRECISION)
+        tl.store(dv + r[:, None] * (H * V) + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
+
+        b_qe = (b_q * tl.exp(b_g)[:, None]).to(b_q.dtype)
+        b_ds = b_ds * tl.exp(g_last) + scale * tl.dot(tl.trans(b_qe), b_do, input_precision=DOT_PRECISION)
+        b_ds -= tl.dot(tl.trans(b_w), b_dv.to(b_w.dtype), input_precision=DOT_PRECISION)
+
+    tl.store(dh0 + s_offsets, b_ds, mask=s_mask)
