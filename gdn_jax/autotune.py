@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .chunk_indices import padding_row, prepare_chunk_indices
+from .chunk_indices import chunk_offsets, padding_row, prepare_chunk_indices
 
 # The fixed config per kernel when timing is off (GDN_JAX_AUTOTUNE=0, Triton's
 # interpreter, which cannot time): the H200's picks at the headline shape,
@@ -48,6 +48,8 @@ UNTUNED = {
     "A": dict(BK=64, num_warps=1),
     "chunk_fwd": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
     "chunk_bwd_walk": dict(BV=32, num_warps=4, num_stages=2),
+    "chunk_bwd_local": dict(num_warps=4, num_stages=2),
+    "wy_bwd": dict(num_warps=4, num_stages=2),
 }
 
 _CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs
@@ -90,9 +92,10 @@ def stand_ins(operands, T: int, chunk_size: int = 64, seed: int = 0):
     Concrete arrays and Python scalars are kept. A traced float array becomes
     random values of its shape and dtype in ``[0.5, 1] / sqrt(last dim)`` (unit-size
     key rows, nothing that overflows in ``A``'s build); a traced int ``[N + 1]``
-    array (``cu_seqlens``) ``N`` segments of about ``T / N`` rows; a traced
-    int ``[NT, 2]`` array (chunk indices) the chunks of those segments, cut or
-    padded with skipped rows (:func:`gdn_jax.chunk_indices.padding_row`) to ``NT``.
+    array (``cu_seqlens``) ``N`` segments of about ``T / N`` rows, and a second
+    one after it their chunk offsets (:func:`gdn_jax.chunk_indices.chunk_offsets`);
+    a traced int ``[NT, 2]`` array (chunk indices) the chunks of those segments,
+    cut or padded with skipped rows (:func:`gdn_jax.chunk_indices.padding_row`) to ``NT``.
     """
     with jax.ensure_compile_time_eval():  # concrete arrays, also inside a jax.jit trace
         keys = iter(jax.random.split(jax.random.key(seed), len(operands)))
@@ -104,6 +107,8 @@ def stand_ins(operands, T: int, chunk_size: int = 64, seed: int = 0):
             elif jnp.issubdtype(x.dtype, jnp.floating):  # moderate: no overflow in A's build
                 u = jax.random.uniform(next(keys), x.shape, jnp.float32, 0.5, 1.0)
                 out.append((u / np.sqrt(max(x.shape[-1], 1))).astype(x.dtype))
+            elif x.ndim == 1 and cu is not None and x.shape == cu.shape:
+                out.append(jnp.asarray(chunk_offsets(cu, chunk_size), x.dtype))
             elif x.ndim == 1:
                 cu = np.linspace(0, T, x.shape[0]).astype(np.int32)
                 out.append(jnp.asarray(cu, x.dtype))

@@ -10,6 +10,10 @@ Steps (chunks of 64 tokens that never cross a sequence boundary):
 4. the walk over chunks with the state on chip and the output of every chunk
    (:func:`gdn_jax.chunk_walk.chunk_walk`: ``kernels/chunk_fwd.py`` on an
    NVIDIA GPU, its jnp reference elsewhere).
+
+On the GPU path steps 2 to 4 are :func:`gdn_jax.chunk_bwd.gdn_core`, a
+``jax.custom_vjp`` whose backward runs the backward kernels; the jnp path is
+differentiated by JAX itself.
 """
 from __future__ import annotations
 
@@ -21,10 +25,8 @@ from jax.sharding import PartitionSpec as P
 
 from .backend import cuda_available, resolve_impl
 from .chunk_indices import varlen_work_list
-from .chunk_jnp import chunk_local_cumsum
+from .chunk_bwd import CoreStatic, check_not_forward_mode, core_forward, gdn_core
 from .chunk_launch import walk_kernel_fits
-from .chunk_walk import chunk_walk
-from .intra import fwd_intra
 from .naive_recurrent import prepare_gdn_args
 from .options import Options, apply_options, check_options
 from .precision import compute_dtype
@@ -157,11 +159,9 @@ def _forward(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, A_log, 
         q = (q.astype(ct) * scale.astype(ct)).astype(q.dtype)
         scale_number = 1.0
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, T, 64)
-    gc = chunk_local_cumsum(a, cu_seqlens, chunk_indices)
-    if triton:
-        gc = gc.astype(jnp.float32)
-    w, u, _ = fwd_intra(k, v, gc, beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-                        impl=impl)
-    return chunk_walk(q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices, scale=scale_number,
-                      output_final_state=output_final_state, state_v_first=options.state_v_first,
-                      triton=triton and walk_kernel_fits(q.dtype, K))
+    static = CoreStatic(impl, triton and walk_kernel_fits(q.dtype, K), scale_number,
+                        output_final_state, options.state_v_first)
+    if not triton:  # jnp throughout, differentiated by JAX (forward and reverse mode)
+        return core_forward(static, q, k, v, a, beta, initial_state, cu_seqlens, chunk_indices)[0]
+    check_not_forward_mode("chunk_gated_delta_rule", impl, (q, k, v, a, beta, initial_state))
+    return gdn_core(static, q, k, v, a, beta, initial_state, cu_seqlens, chunk_indices)

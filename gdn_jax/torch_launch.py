@@ -146,7 +146,7 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
         dummy = torch.zeros(1, dtype=torch.int32, device=dev)
         offsets = dummy
         if varlen:
-            offsets = torch.from_numpy(np.asarray(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev)
+            offsets = torch.from_numpy(np.array(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev)
         kernel, kwargs = tuned_or_fixed(gdn_chunk_fwd_kernel, "chunk_fwd", autotune,
                                         None if config is None else {"chunk_fwd": config})
         grid = lambda meta: chunk_fwd_grid(N, H, V, meta["BV"])  # noqa: E731
@@ -187,7 +187,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     cu = dummy if not varlen else cu_seqlens.to(torch.int32)
     ci = torch.from_numpy(np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), 64))).to(dev) \
         if varlen else dummy
-    offsets = torch.from_numpy(np.asarray(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev) \
+    offsets = torch.from_numpy(np.array(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev) \
         if varlen else dummy
     NT = cdiv(T, 64) if not varlen else len(ci)
     # w, u from the saved A (the split path's second kernel)
@@ -218,15 +218,17 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
-    gdn_chunk_bwd_local_kernel[(NT * H, B, NK)](
+    local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False)
+    local[(NT * H, B, NK)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, num_warps=4)
+        V=V, BT=64, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **local_config)
     dk_wy = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     dg_wy = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
-    gdn_wy_bwd_kernel[grid](
+    wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False)
+    wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
-        BT=64, BK=BK, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, num_warps=4)
+        BT=64, BK=BK, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **wy_config)
     heads = lambda x: x.view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA
     return heads(dq), heads(dk + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0

@@ -188,7 +188,6 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     flags = dict(USE_G=g is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision())
     from .kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
     from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
-    from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
 
     if path == "triton":
         return launch("fused", gdn_fwd_intra_fused_kernel, (k, v, g_arg, beta, cu_arg, ci_arg, T),
@@ -202,7 +201,25 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
                    (k, g_arg, beta, cu_arg, ci_arg, T), out=A_type, grid=chunk_major,
                    zeroed=True,  # the kernel writes the lower blocks only, as in the seed
                    H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags)
-    w, u = launch("recompute_w_u", recompute_w_u_fwd_kernel,
-                  (k, v, beta, g_arg, A, cu_arg, ci_arg, T), out=(w_type, u_type), grid=head_fastest,
-                  H=H, Hg=Hg, K=K, V=V, BT=BT, **wu_blocks(K, V), **flags)
+    w, u = recompute_w_u_triton(k, v, g, beta, A, cu_seqlens, chunk_indices)
     return w, u, A
+
+
+def recompute_w_u_triton(k, v, g, beta, A, cu_seqlens=None, chunk_indices=None):
+    """``(w, u)`` from a stored ``A [B, T, H, 64]`` (``kernels/recompute_w_u.py``):
+    the second stage of the split and seed paths, and the backward's recompute."""
+    from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
+
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    is_varlen = cu_seqlens is not None
+    NT = chunk_indices.shape[0] if is_varlen else cdiv(T, 64)
+    dummy = jnp.zeros((1,), jnp.int32)
+    flags = dict(USE_G=g is not None, IS_VARLEN=is_varlen, DOT_PRECISION=dot_precision())
+    return launch("recompute_w_u", recompute_w_u_fwd_kernel,
+                  (k, v, beta, dummy if g is None else g, A, cu_seqlens if is_varlen else dummy,
+                   chunk_indices if is_varlen else dummy, T),
+                  out=(jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
+                       jax.ShapeDtypeStruct((B, T, H, V), v.dtype)),
+                  grid=head_fastest_grid(NT, H, B), H=H, Hg=Hg, K=K, V=V, BT=64, **wu_blocks(K, V),
+                  **flags)

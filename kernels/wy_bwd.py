@@ -23,6 +23,10 @@ import triton.language as tl
 from .tiles import program_chunk
 
 
+@triton.autotune(
+    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
+    key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN"],
+)
 @triton.jit(do_not_specialize=["T"])
 def gdn_wy_bwd_kernel(
     k,

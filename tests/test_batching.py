@@ -11,30 +11,9 @@ from gdn_jax import backend, sharding
 from gdn_jax.batching import vmappable
 from gdn_jax.reference import fwd_intra_jnp
 from inputs import make_inputs
+from stand_ins import unbatchable
 
 Hg, H, K, V = 2, 4, 32, 16
-
-
-def unbatchable(fwd):
-    """``fwd``, raising under ``jax.vmap`` (as ``jax_triton.triton_call`` does)."""
-    def run(*args, **kwargs):
-        leaves, tree = jax.tree.flatten((args, kwargs))
-        arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
-
-        @jax.custom_batching.custom_vmap
-        def call(*arrs):
-            full = list(leaves)
-            for i, a in zip(arrays, arrs):
-                full[i] = a
-            a, kw = jax.tree.unflatten(tree, full)
-            return fwd(*a, **kw)
-
-        @call.def_vmap
-        def refuse(*_):
-            raise NotImplementedError("no batching rule, as in jax-triton")
-
-        return call(*(leaves[i] for i in arrays))
-    return run
 
 
 def reference(k, v, g, beta, cu=None):
@@ -129,19 +108,6 @@ def test_packed_examples_sharing_one_cu_seqlens():
     assert_outputs_close(got, want)
 
 
-@pytest.fixture
-def triton_launch_as_reference(monkeypatch):
-    """``fwd_intra``'s Triton paths on this CPU: a GPU reported, and the launch
-    replaced by the reference, refusing batched inputs as jax-triton does."""
-    monkeypatch.setattr(backend, "cuda_available", lambda: True)
-
-    def launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path):
-        return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-                             chunk_indices=chunk_indices)
-
-    monkeypatch.setattr(sharding, "fwd_intra_triton", unbatchable(launch))
-
-
 @pytest.mark.parametrize("impl", ["auto", "triton", "split", "seed"])
 def test_vmap_of_fwd_intra_on_the_triton_paths(triton_launch_as_reference, impl):
     n, B, T = 2, 2, 90
@@ -175,27 +141,6 @@ def test_derivative_of_a_triton_path_raises_naming_the_way_out(triton_launch_as_
     with pytest.raises(NotImplementedError, match="differentiate impl='reference'"):
         jax.jvp(lambda k: gdn_jax.fwd_intra(k, v, g, beta, impl=impl), (k,), (k,))
     jax.grad(lambda k: gdn_jax.fwd_intra(k, v, g, beta, impl="reference")[0].sum())(k)
-
-
-@pytest.fixture
-def chunk_kernel_as_reference(triton_launch_as_reference, monkeypatch):
-    """The whole forward's Triton path on this CPU: fwd_intra's launch as above,
-    and the chunk walk's launch replaced by the jnp walk, refusing batched
-    inputs as jax-triton does."""
-    from gdn_jax import chunk_walk
-    from gdn_jax.chunk_jnp import chunk_walk_jnp
-
-    def launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first):
-        B, H, Kd, Vd = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
-        N = B if cu is None else cu.shape[0] - 1
-        h0 = jnp.zeros((N, H, Kd, Vd), jnp.float32) if h0 is None else h0
-        ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
-        return chunk_walk_jnp(q, k, w, u, gc, h0, cu, ci, scale=scale)
-
-    monkeypatch.setattr(chunk_walk, "chunk_fwd_triton", unbatchable(launch))
-    chunk_walk._triton_op.cache_clear()
-    yield
-    chunk_walk._triton_op.cache_clear()
 
 
 def test_vmap_of_the_whole_forward_on_the_triton_path(chunk_kernel_as_reference):

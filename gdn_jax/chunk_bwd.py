@@ -1,0 +1,157 @@
+"""The backward of the chunked forward as an op, and the ``jax.custom_vjp`` that
+uses it on the GPU path.
+
+``chunk_bwd(q, k, v, gc, beta, A, h0, do, dht, cu_seqlens, chunk_indices)``
+runs the backward kernels (:mod:`gdn_jax.chunk_bwd_launch`) or their jnp
+reference (:func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`), split over batch and
+heads under ``jax.jit`` (:mod:`gdn_jax.sharding`), vmappable
+(:mod:`gdn_jax.batching`). :func:`gdn_core` is the chunked forward after the
+options, with this backward (``jax.grad``, ``jax.vjp``); forward-mode
+(``jax.jvp``) raises, naming the jnp path, which has it.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .batching import vmappable
+from .chunk_bwd_jnp import chunk_bwd_jnp, chunk_reverse_cumsum
+from .chunk_bwd_launch import chunk_bwd_triton
+from .chunk_jnp import chunk_local_cumsum
+from .chunk_walk import chunk_walk
+from .intra import fwd_intra
+from .options import state_from_k_major, state_to_k_major
+from .sharding import Layout, partitioned, sharded_call
+
+
+class BwdStatic(NamedTuple):
+    """What the backward op is specialised on."""
+    triton: bool
+    scale: float
+    use_h0: bool
+    use_dht: bool
+    varlen: bool
+    ratio: int
+
+
+def _layout(static: BwdStatic) -> Layout:
+    """``q, k, v, gc, beta, A, [h0], do, [dht], [cu, ci] -> dq, dk, dv, dgc, dbeta, dh0``."""
+    operands = ("btgk", "btgk", "bthv", "bth", "bth", "btha") + (("nhkv",) if static.use_h0 else ()) \
+        + ("bthv",) + (("nhkv",) if static.use_dht else ()) + (("s", "ij") if static.varlen else ())
+    return Layout(operands, ("btgk", "btgk", "bthv", "bth", "bth", "nhkv"), static.varlen, static.ratio)
+
+
+def _split(static: BwdStatic, arrays):
+    arrays = list(arrays)
+    q, k, v, gc, beta, A = arrays[:6]
+    rest = arrays[6:]
+    h0 = rest.pop(0) if static.use_h0 else None
+    do = rest.pop(0)
+    dht = rest.pop(0) if static.use_dht else None
+    cu, ci = rest if static.varlen else (None, None)
+    return q, k, v, gc, beta, A, h0, do, dht, cu, ci
+
+
+def _per_device(static: BwdStatic, *arrays):
+    if static.triton:
+        return _triton_op(static)(*arrays)
+    q, k, v, gc, beta, A, h0, do, dht, cu, ci = _split(static, arrays)
+    N, H, K, V = (q.shape[0] if cu is None else cu.shape[0] - 1), v.shape[2], q.shape[3], v.shape[3]
+    zeros = jnp.zeros((N, H, K, V), jnp.float32)
+    return chunk_bwd_jnp(q, k, v, gc, beta, A, zeros if h0 is None else h0, do,
+                         zeros if dht is None else dht, cu, ci, scale=static.scale)
+
+
+@functools.cache
+def _triton_op(static: BwdStatic):
+    layout = _layout(static)
+
+    def bwd(*arrays):
+        q, k, v, gc, beta, A, h0, do, dht, cu, ci = _split(static, arrays)
+        return chunk_bwd_triton(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale)
+
+    return vmappable(bwd, layout.operands, layout.results)
+
+
+_partitioned = partitioned(_per_device, _layout)
+
+
+def chunk_bwd(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens, chunk_indices, *,
+              scale, triton):
+    """``(dq, dk, dv, dgc, dbeta, dh0)``, shapes and dtypes as
+    :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp` (K-major states; ``initial_state``
+    and ``dht`` may be None)."""
+    static = BwdStatic(bool(triton), float(scale), initial_state is not None, dht is not None,
+                       cu_seqlens is not None, v.shape[2] // q.shape[2])
+    arrays = [x for x in (q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens, chunk_indices)
+              if x is not None]
+    return sharded_call(_partitioned, _per_device, static, _layout(static), arrays)
+
+
+class CoreStatic(NamedTuple):
+    """What :func:`gdn_core` is specialised on."""
+    impl: str  # fwd_intra's path
+    walk_triton: bool  # the walk and the backward on their kernels, else jnp
+    scale: float
+    final: bool
+    v_first: bool
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def gdn_core(static: CoreStatic, q, k, v, a, beta, h0, cu, ci):
+    """``(o, final_state or None)`` of the chunked forward on the per-step gates
+    ``a`` (the options already applied; ``cu``, ``ci`` None or int32), with the
+    backward of :func:`chunk_bwd`."""
+    return core_forward(static, q, k, v, a, beta, h0, cu, ci)[0]
+
+
+def core_forward(static, q, k, v, a, beta, h0, cu, ci):
+    """``((o, final_state or None), residuals)``: the cumsum of the gates,
+    ``fwd_intra`` and the walk, and what the backward keeps."""
+    gc = chunk_local_cumsum(a, cu, ci).astype(jnp.float32)
+    w, u, A = fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl=static.impl)
+    out = chunk_walk(q, k, w, u, gc, h0, cu, ci, scale=static.scale, output_final_state=static.final,
+                     state_v_first=static.v_first, triton=static.walk_triton)
+    return out, (q, k, v, gc, beta, A, h0, cu, ci)
+
+
+def _core_bwd(static, residuals, cotangents):
+    q, k, v, gc, beta, A, h0, cu, ci = residuals
+    do, dht = cotangents
+    h0k = state_to_k_major(h0, static.v_first)
+    dhtk = None if dht is None else state_to_k_major(dht, static.v_first).astype(jnp.float32)
+    dq, dk, dv, dgc, dbeta, dh0 = chunk_bwd(
+        q, k, v, gc, beta, A, None if h0k is None else h0k.astype(jnp.float32), do.astype(v.dtype),
+        dhtk, cu, ci, scale=static.scale, triton=static.walk_triton)
+    da = chunk_reverse_cumsum(dgc, cu, ci)
+    dh0 = None if h0 is None else state_from_k_major(dh0, static.v_first).astype(h0.dtype)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), da.astype(jnp.float32),
+            dbeta.astype(beta.dtype), dh0, None, None)
+
+
+gdn_core.defvjp(core_forward, _core_bwd)
+
+
+def check_not_forward_mode(op: str, impl: str, arrays) -> None:
+    """NotImplementedError under ``jax.jvp`` / ``jax.jacfwd`` (forward mode):
+    the GPU path's derivative is a ``custom_vjp`` (reverse mode only). Seen
+    from the inputs' tracers (``jax.grad`` traces with linearize tracers,
+    ``jax.jvp`` with JVP tracers, in the JAX versions tested); where JAX's
+    tracer classes differ, JAX's own error comes instead."""
+    from jax._src.interpreters import ad
+
+    jvp_tracer = getattr(ad, "JVPTracer", None)
+    if jvp_tracer is None:
+        return
+    for x in arrays:
+        while x is not None:
+            if isinstance(x, jvp_tracer):
+                raise NotImplementedError(
+                    f"gdn_jax.{op}: forward-mode differentiation (jax.jvp, jax.jacfwd) of "
+                    f"impl={impl!r}, the Triton path, is not supported: its derivative is a "
+                    f"custom_vjp (jax.grad, jax.vjp, jax.jacrev work). Use impl='reference' "
+                    f"(the jnp path) for forward mode.")
+            x = getattr(x, "val", None) if isinstance(x, jax.core.Tracer) else None

@@ -1,0 +1,91 @@
+"""Launch of the backward kernels through jax-triton: the recompute of ``w, u``
+and of the chunk states, the reverse walk, the per-chunk gradients and the
+WY backward (``kernels/chunk_bwd_walk.py``, ``kernels/chunk_bwd_local.py``,
+``kernels/wy_bwd.py``), then the sums over K blocks and GQA heads in jnp.
+
+What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``) and
+the chunk-local gates; ``w``, ``u``, the states entering each chunk and ``v'``
+are recomputed here (as flash-linear-attention does: ``A`` is a quarter of
+``w`` and ``u``'s bytes at K = V = 128, and the chunk states, ``[B, T / 64,
+H, K, V]``, are as large as ``v`` at V = 64 rows).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .chunk_indices import cdiv, chunk_offsets
+from .chunk_launch import chunk_fwd_grid, chunk_walk_triton, programs_bucket
+from .triton_launch import check_grid, dot_precision, head_fastest_grid, launch, recompute_w_u_triton
+from .validate import check_kernel_dtypes
+
+BT = 64
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
+                     chunk_indices=None, *, scale):
+    """``(dq, dk, dv, dgc, dbeta, dh0)`` of the chunked forward on the GPU,
+    arguments and results as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`
+    (``initial_state`` and ``dht`` may be None: zeros); ``dq``, ``dk``,
+    ``dv`` in their inputs' dtypes, the rest float32."""
+    check_kernel_dtypes("chunk_gated_delta_rule", q=q, k=k, v=v, do=do)
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    varlen = cu_seqlens is not None
+    N = B if not varlen else cu_seqlens.shape[0] - 1
+    f32 = jnp.float32
+    if B * T * H == 0:
+        zeros = lambda x: jnp.zeros(x.shape, x.dtype)  # noqa: E731
+        dh0 = jnp.zeros((N, H, K, V), f32) if dht is None else dht.astype(f32)
+        return zeros(q), zeros(k), zeros(v), jnp.zeros(gc.shape, f32), jnp.zeros(beta.shape, f32), dh0
+    NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
+    grid = head_fastest_grid(NT, H, B)
+    check_grid("backward", grid, ("chunks * value heads (NT * H)", "batch rows B"))
+    dummy = jnp.zeros((1,), jnp.int32)
+    cu = cu_seqlens if varlen else dummy
+    ci = chunk_indices if varlen else dummy
+    offsets = chunk_offsets(cu_seqlens) if varlen else None
+    prec = dot_precision()
+
+    w, u = recompute_w_u_triton(k, v, gc, beta, A, cu_seqlens, chunk_indices)
+    _, _, h, v_new = chunk_walk_triton(k, k, w, u, gc, initial_state, cu_seqlens, offsets, scale=scale,
+                                       write_o=False, store_final=False, store_h=True, store_v=True)
+    from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
+    from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
+    from .kernels.wy_bwd import gdn_wy_bwd_kernel
+
+    BK = _pow2(K)
+    rows = jax.ShapeDtypeStruct((B, T, H, V), f32)
+    dv_new, dh, dh0 = launch(
+        "chunk_bwd_walk", gdn_chunk_bwd_walk_kernel,
+        (q, k, w, gc, do, dummy if dht is None else dht.astype(f32), cu,
+         dummy if offsets is None else offsets, float(scale), T),
+        out=(rows, jax.ShapeDtypeStruct(h.shape, h.dtype), jax.ShapeDtypeStruct((N, H, K, V), f32)),
+        grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]), tune_key=("programs", programs_bucket(N, H)),
+        H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
+        DOT_PRECISION=prec)
+    BKl = min(64, BK)
+    NK = cdiv(K, BKl)
+    per_head_k = jax.ShapeDtypeStruct((B, T, H, K), f32)
+    dq, dk, dw, dg = launch(
+        "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
+        (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
+        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
+             jax.ShapeDtypeStruct((NK, B, T, H), f32)),
+        grid=grid + (NK,), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen,
+        DOT_PRECISION=prec)
+    dk_wy, dv, dbeta, dg_wy = launch(
+        "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
+        out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
+             jax.ShapeDtypeStruct(gc.shape, f32)),
+        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=_pow2(V), IS_VARLEN=varlen,
+        DOT_PRECISION=prec)
+
+    def key_heads(x, dtype):  # GQA: a key head's cotangent sums over its value heads
+        return x.reshape(B, T, Hg, H // Hg, K).sum(3).astype(dtype)
+
+    return (key_heads(dq, q.dtype), key_heads(dk + dk_wy, k.dtype), dv, dg.sum(0) + dg_wy, dbeta, dh0)

@@ -1,0 +1,92 @@
+"""Stand-ins for the Triton launches on a machine without a GPU: the jnp
+references behind the same interfaces, refusing ``jax.vmap`` as jax-triton's
+launch does, so that the JAX glue around the kernels (vmap folding,
+``custom_vjp``, sharding rules) is tested on CPU. Fixtures, registered in
+conftest.py."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+import gdn_jax
+from gdn_jax import backend, sharding
+from gdn_jax.reference import fwd_intra_jnp
+
+
+def unbatchable(fwd):
+    """``fwd``, raising under ``jax.vmap`` (as ``jax_triton.triton_call`` does)."""
+    def run(*args, **kwargs):
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+
+        @jax.custom_batching.custom_vmap
+        def call(*arrs):
+            full = list(leaves)
+            for i, a in zip(arrays, arrs):
+                full[i] = a
+            a, kw = jax.tree.unflatten(tree, full)
+            return fwd(*a, **kw)
+
+        @call.def_vmap
+        def refuse(*_):
+            raise NotImplementedError("no batching rule, as in jax-triton")
+
+        return call(*(leaves[i] for i in arrays))
+    return run
+
+
+@pytest.fixture
+def triton_launch_as_reference(monkeypatch):
+    """``fwd_intra``'s Triton paths on this CPU: a GPU reported, and the launch
+    replaced by the reference, refusing batched inputs as jax-triton does."""
+    monkeypatch.setattr(backend, "cuda_available", lambda: True)
+
+    def launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path):
+        return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+                             chunk_indices=chunk_indices)
+
+    monkeypatch.setattr(sharding, "fwd_intra_triton", unbatchable(launch))
+    sharding._triton_op.cache_clear()
+    yield
+    sharding._triton_op.cache_clear()
+
+
+@pytest.fixture
+def chunk_kernel_as_reference(triton_launch_as_reference, monkeypatch):
+    """The whole forward's Triton path on this CPU: fwd_intra's launch as above,
+    and the chunk walk's launch replaced by the jnp walk, refusing batched
+    inputs as jax-triton does."""
+    from gdn_jax import chunk_walk
+    from gdn_jax.chunk_jnp import chunk_walk_jnp
+
+    def launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first):
+        B, H, Kd, Vd = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
+        N = B if cu is None else cu.shape[0] - 1
+        h0 = jnp.zeros((N, H, Kd, Vd), jnp.float32) if h0 is None else h0
+        swap = (lambda x: jnp.swapaxes(x, -1, -2)) if state_v_first else (lambda x: x)  # noqa: E731
+        ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
+        o, final = chunk_walk_jnp(q, k, w, u, gc, swap(h0), cu, ci, scale=scale)
+        return o, swap(final)
+
+    monkeypatch.setattr(chunk_walk, "chunk_fwd_triton", unbatchable(launch))
+    chunk_walk._triton_op.cache_clear()
+    yield
+    chunk_walk._triton_op.cache_clear()
+
+
+@pytest.fixture
+def gpu_path_as_reference(chunk_kernel_as_reference, monkeypatch):
+    """The whole GPU path, backward included: the backward kernels' launch
+    replaced by the jnp backward (refusing vmap as jax-triton does)."""
+    from gdn_jax import chunk_bwd
+    from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp
+
+    def launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale):
+        N, H, K, V = (q.shape[0] if cu is None else cu.shape[0] - 1), v.shape[2], q.shape[3], v.shape[3]
+        zeros = jnp.zeros((N, H, K, V), jnp.float32)
+        return chunk_bwd_jnp(q, k, v, gc, beta, A, zeros if h0 is None else h0, do,
+                             zeros if dht is None else dht, cu, ci, scale=scale)
+
+    monkeypatch.setattr(chunk_bwd, "chunk_bwd_triton", unbatchable(launch))
+    chunk_bwd._triton_op.cache_clear()
+    yield
+    chunk_bwd._triton_op.cache_clear()

@@ -1,0 +1,67 @@
+"""The backward kernels (kernels/chunk_bwd_walk.py, chunk_bwd_local.py,
+wy_bwd.py, with the forward walk's recompute) under Triton's interpreter on
+torch CPU tensors, chained as the GPU path chains them
+(gdn_jax.torch_launch.chunk_bwd_torch), against ``jax.grad`` of the float64
+per-token recurrence. float32 and float16 (the interpreter cannot multiply
+bfloat16; tests/test_chunk_grad_gpu.py covers it on the GPU)."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the interpreter tests launch the kernels on torch CPU tensors")
+if jax.default_backend() != "cpu":
+    pytest.skip("interpreter tests run where JAX has no GPU (CI)", allow_module_level=True)
+assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
+
+import jax.numpy as jnp  # noqa: E402
+
+from gdn_jax.chunk_bwd_jnp import chunk_reverse_cumsum  # noqa: E402
+from gdn_jax.chunk_indices import varlen_work_list  # noqa: E402
+from gdn_jax.torch_launch import chunk_bwd_torch, fwd_intra_torch  # noqa: E402
+from inputs import chunk_local_cumsum  # noqa: E402
+from numpy_reference import rel_err  # noqa: E402
+from test_chunk_grad import ARGS, draw, float64_grads  # noqa: E402
+
+TORCH = {"float32": torch.float32, "float16": torch.float16}
+TOL = {"float32": 1e-5, "float16": 1e-2}  # docs/math.md: gradients within 1e-2 in fp16
+
+
+def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0):
+    N = B if cu is None else len(cu) - 1
+    x, (do, dht) = draw(seed, B, T, Hg, H, K, V, N)
+    td, f32 = TORCH[dtype], torch.float32
+    t = lambda a, d=td: torch.from_numpy(np.ascontiguousarray(a)).to(d)  # noqa: E731
+    # the reference on the inputs as the kernels saw them (q, k, v rounded to dtype)
+    x = {a: (t(x[a]).double().numpy() if a in "qkv" else x[a]) for a in ARGS}
+    cut = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    gc = chunk_local_cumsum(x["g"].astype(np.float32), [0] if cu is None else list(cu[:-1]))
+    _, _, A = fwd_intra_torch(t(x["k"]), t(x["v"]), t(gc, f32), t(x["beta"], f32), cu_seqlens=cut,
+                              autotune=False, dot_precision="ieee", path="split")
+    dq, dk, dv, dg, db, dh0 = chunk_bwd_torch(t(x["q"]), t(x["k"]), t(x["v"]), t(gc, f32), t(x["beta"], f32),
+                                               A, t(x["initial_state"], f32), t(do), t(dht, f32), cut,
+                                               scale=K ** -0.5, dot_precision="ieee")
+    cu_j = None if cu is None else jnp.asarray(cu, jnp.int32)
+    cu2, ci = varlen_work_list(cu_j, None, T, 64)
+    da = chunk_reverse_cumsum(jnp.asarray(dg.numpy()), cu2, ci)
+    got = [dq.numpy(), dk.numpy(), dv.numpy(), np.asarray(da), db.numpy(), dh0.numpy()]
+    want = float64_grads(x, (t(do).double().numpy(), dht), cu_j)
+    for name, g, w in zip(ARGS, got, want):
+        e = rel_err(np.asarray(g, np.float64), w)
+        assert e < TOL[dtype], f"d{name}: {e:.2e}"
+
+
+@pytest.mark.parametrize("dtype", list(TORCH))
+@pytest.mark.parametrize("B,T,Hg,H", [(2, 130, 2, 4), (1, 64, 1, 1), (1, 1, 1, 2)])
+def test_fixed_length(dtype, B, T, Hg, H):
+    run(dtype, B, T, Hg, H, 32, 16, seed=T)
+
+
+def test_packed():
+    run("float32", 1, 200, 2, 4, 32, 16, cu=[0, 0, 1, 70, 200], seed=3)
+
+
+def test_head_dims_past_one_block():
+    """K = 96 (two K blocks of 64 in the per-chunk kernel, a masked tail), V = 40."""
+    run("float32", 1, 70, 1, 2, 96, 40, seed=4)
