@@ -5,7 +5,16 @@ inputs), against the jnp path, and against the two hardware floors: the bytes
 a forward must move over the measured copy bandwidth, and its matrix FLOPs
 over the measured bf16 matrix rate.
 
-    python benchmarks/bench_chunk.py [--out DIR] [--shapes a,b] [--no-reference] [--no-layer]
+    python benchmarks/bench_chunk.py [--out DIR] [--shapes a,b] [--no-reference] [--no-layer] [--backward]
+
+``--backward`` times forward + backward instead (``jax.grad`` of ``sum(o * do)
++ sum(final * dht)`` with respect to q, k, v, g, beta and the initial state;
+fla's ``backward`` of the same loss) and records each side's peak memory of
+that step (JAX: the compiled step's arguments, outputs and temporaries; torch:
+``max_memory_allocated`` over the step). fla 0.6 refuses its gated backward on
+Hopper with triton < 3.7.1 (that triton miscompiled its ``dq/dk/dw/dg``
+kernel): for timing its guard is switched off here, and its gradients are
+not used.
 
 Times are the steady cost per call in a stream of calls (the slope between
 batches of N and 5N calls, every column taken in turn for three rounds; see
@@ -91,6 +100,69 @@ def fla_forward():
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     return chunk_gated_delta_rule
+
+
+def bench_backward(name, B, T, Hg, H, K, V, lens, with_reference):
+    """Forward + backward: gdn_jax (jax.grad, Triton path), the jnp path, fla."""
+    N = B if lens is None else len(lens)
+    q, k, v, g, beta, h0 = make_inputs(B, T, Hg, H, K, V, N)
+    do = jax.random.normal(jax.random.key(7), (B, T, H, V), jnp.bfloat16)
+    dht = jax.random.normal(jax.random.key(8), (N, H, K, V))
+    cu = None if lens is None else jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+    row = dict(shape=name, B=B, T=T, Hg=Hg, H=H, K=K, V=V, packed=lens is not None, backward=True)
+    calls = {}
+
+    def step(impl):
+        def loss(q, k, v, g, beta, h0):
+            o, f = gdn_jax.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                                  cu_seqlens=cu, impl=impl)
+            return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32)) + jnp.sum(f * dht)
+        return jax.jit(jax.grad(loss, argnums=range(6)))
+
+    for col, impl in [("gdn_jax", "auto")] + ([("jnp", "reference")] if with_reference else []):
+        f = step(impl)
+        out = [f(q, k, v, g, beta, h0)]
+        jax.block_until_ready(out[0])
+        mem = f.lower(q, k, v, g, beta, h0).compile().memory_analysis()
+        if mem is not None:
+            row[f"{col}_peak_MB"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                                     + mem.temp_size_in_bytes) / 2**20
+        calls[col] = (lambda f=f, out=out: out.__setitem__(0, f(q, k, v, g, beta, h0)),
+                      lambda out=out: jax.block_until_ready(out[0]))
+    fla = fla_forward()
+    if fla is not None:
+        import fla.ops.common.chunk_o as fla_chunk_o
+        import torch
+
+        fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # fla's Hopper guard off: timing only (module docstring)
+        if not os.environ.get("TRITON_CACHE_DIR"):
+            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
+        leaves = [torch.from_dlpack(x).clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+        tdo, tdht = torch.from_dlpack(do), torch.from_dlpack(dht)
+        tcu = None if cu is None else torch.from_dlpack(cu).long()
+
+        def fla_step():
+            for x in leaves:
+                x.grad = None
+            o, f = fla(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=tcu)
+            ((o.float() * tdo.float()).sum() + (f.float() * tdht).sum()).backward()
+
+        fla_step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fla_step()
+        torch.cuda.synchronize()
+        row["fla_peak_MB"] = (torch.cuda.max_memory_allocated() - base) / 2**20 + sum(
+            x.numel() * x.element_size() for x in leaves) / 2**20
+        calls["fla"] = (fla_step, torch.cuda.synchronize)
+    for col, (wall, enqueue, steady) in timed_in_turn(calls).items():
+        row[f"{col}_ms"], row[f"{col}_steady_ms"] = wall, steady
+    if "fla_steady_ms" in row:
+        row["fla_over_gdn_jax"] = row["fla_steady_ms"] / row["gdn_jax_steady_ms"]
+    if "jnp_steady_ms" in row:
+        row["jnp_over_gdn_jax"] = row["jnp_steady_ms"] / row["gdn_jax_steady_ms"]
+    return row
 
 
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
@@ -186,6 +258,10 @@ def bench_layer():
     return dict(c, layer_steady_ms=steady, layer_ms=wall)
 
 
+BACKWARD_TABLE = [("shape", "shape"), ("gdn_jax_steady_ms", "gdn_jax fwd+bwd"), ("fla_steady_ms", "fla 0.6 fwd+bwd"),
+                  ("jnp_steady_ms", "jax.grad of jnp"), ("fla_over_gdn_jax", "fla / gdn_jax"),
+                  ("jnp_over_gdn_jax", "jnp / gdn_jax"), ("gdn_jax_peak_MB", "gdn_jax peak MB"),
+                  ("fla_peak_MB", "fla peak MB")]
 TABLE = [("shape", "shape"), ("gdn_jax_steady_ms", "gdn_jax"), ("fwd_intra_steady_ms", "of it fwd_intra"),
          ("walk_ms", "of it the walk"), ("fla_steady_ms", "fla 0.6"), ("jnp_steady_ms", "jnp path"),
          ("io_floor_ms", "I/O floor"), ("matrix_floor_ms", "matrix floor"),
@@ -193,17 +269,17 @@ TABLE = [("shape", "shape"), ("gdn_jax_steady_ms", "gdn_jax"), ("fwd_intra_stead
          ("gdn_jax_over_floor", "gdn_jax / floor"), ("o_rel_diff_vs_fla", "o vs fla")]
 
 
-def print_table(rows, versions):
+def print_table(rows, versions, table=TABLE):
     print(f"\n{versions}")
-    print("| " + " | ".join(h for _, h in TABLE) + " |")
-    print("|" + " --- |" * len(TABLE))
+    print("| " + " | ".join(h for _, h in table) + " |")
+    print("|" + " --- |" * len(table))
     for r in rows:
         print("| " + " | ".join(
             (f"{r[c]:.2e}" if c.endswith("diff_vs_fla") else f"{r[c]:.3f}")
-            if isinstance(r.get(c), float) else str(r.get(c, "-")) for c, _ in TABLE) + " |")
+            if isinstance(r.get(c), float) else str(r.get(c, "-")) for c, _ in table) + " |")
 
 
-def plot(rows, path):
+def plot(rows, path, title="GDN forward, bf16, H200 (lower is better)"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,8 +295,8 @@ def plot(rows, path):
         ax.bar(xs, [r[c] for r in rows if c in r], width, label=label)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["shape"] for r in rows])
     ax.set_yscale("log")
-    ax.set_ylabel("ms per forward (log)")
-    ax.set_title("GDN forward, bf16, H200 (lower is better)")
+    ax.set_ylabel("ms per call (log)")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -232,6 +308,7 @@ def main():
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--no-reference", action="store_true", help="skip the jnp path")
     p.add_argument("--no-layer", action="store_true", help="skip the Flax layer")
+    p.add_argument("--backward", action="store_true", help="forward + backward (module docstring)")
     args = p.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,6 +320,14 @@ def main():
         if importlib.util.find_spec(mod) is not None:
             versions[mod] = getattr(__import__(mod), "__version__", "?")
     rows = []
+    if args.backward:
+        for name in args.shapes.split(","):
+            rows.append(bench_backward(name, *SHAPES[name], not args.no_reference))
+            print(json.dumps(rows[-1]), flush=True)
+            (out / "bench_chunk_backward.json").write_text(json.dumps(dict(versions=versions, rows=rows), indent=1))
+        plot(rows, out / "bench_chunk_backward.png", "GDN forward + backward, bf16, H200 (lower is better)")
+        print_table(rows, versions, BACKWARD_TABLE)
+        return
     for name in args.shapes.split(","):
         rows.append(bench_shape(name, *SHAPES[name], bw, rate, not args.no_reference))
         print(json.dumps(rows[-1]), flush=True)
