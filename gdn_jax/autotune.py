@@ -47,6 +47,7 @@ UNTUNED = {
     "fused": dict(BK=64, num_warps=2, num_stages=3),
     "A": dict(BK=64, num_warps=1),
     "chunk_fwd": dict(BV=64, num_warps=4, num_stages=2),
+    "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
 }
 
 _CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs
