@@ -330,3 +330,71 @@ def test_traced_output_final_state_is_an_error():
     kw.pop("output_final_state")
     with pytest.raises(TypeError, match="`output_final_state` must be a Python bool"):
         jax.jit(lambda f: gdn_jax.fused_recurrent_gated_delta_rule(**kw, output_final_state=f))(True)
+
+
+@pytest.fixture
+def jnp_launch(monkeypatch):
+    """The Triton path without a GPU: its launch replaced by the jnp
+    recurrence, which refuses batched inputs as jax-triton does (so that
+    vmap must take the op's fold rule, gdn_jax/batching.py)."""
+    from gdn_jax import fused_recurrent as fr
+
+    def launch(q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, *, scale, output_final_state,
+               state_v_first, l2norm_q, l2norm_k, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+               allow_neg_eigval):
+        static = fr.RecurrentStatic(False, scale, fr.Options(
+            l2norm_k, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+            state_v_first), l2norm_k and not l2norm_q, (A_log is not None) + (dt_bias is not None),
+            h0 is not None, idx is not None, output_final_state, cu is not None, 1)
+        arrays = [x for x in (q, k, v, g, beta, A_log, dt_bias, h0, idx, cu) if x is not None]
+
+        @jax.custom_batching.custom_vmap
+        def call(*arrays):
+            return fr._reference(static, *fr._split(static, arrays))
+
+        @call.def_vmap
+        def refuse(*_):
+            raise NotImplementedError("no batching rule, as in jax-triton")
+
+        out = call(*arrays)
+        return out[0], (out[1] if output_final_state else None)
+
+    monkeypatch.setattr(fr, "fused_recurrent_triton", launch)
+    monkeypatch.setattr(fr, "runs_triton", lambda *a: True)
+    fr._triton_op.cache_clear()
+    yield
+    fr._triton_op.cache_clear()
+
+
+def test_vmap_folds_the_triton_launch(jnp_launch):
+    """Examples with their own pools (stacked, indices shifted, A_log shared)
+    and packed examples, folded into one call; against a loop."""
+    n, P = 3, 5
+    xs = [decode_inputs(30 + e, 2, 3, 2, 2, 16, 8, pool=P, raw=True) for e in range(n)]
+    stack = {name: np.stack([x[name] for x in xs]) for name in xs[0]}
+    idx = np.array([[4, 0], [1, 1], [-1, 2]], np.int32)
+    gate = dict(A_log=xs[0]["A_log"], dt_bias=xs[0]["dt_bias"])
+    f = functools.partial(gdn_jax.fused_recurrent_gated_delta_rule, **OPTIONS["all"], **gate,
+                          output_final_state=True)
+    names = ("q", "k", "v", "g", "beta")
+    got = jax.jit(jax.vmap(lambda *a: f(*a[:5], initial_state=a[5], state_indices=a[6])))(
+        *(stack[m] for m in names), stack["initial_state"], idx)
+    cu = np.array([0, 1, 3], np.int32)
+    packed = jax.vmap(lambda *a: f(*a[:5], initial_state=a[5], cu_seqlens=cu))(
+        *(stack[m][:, :1] for m in names), stack["initial_state"][:, :2])
+    for e, x in enumerate(xs):
+        args = {m: x[m] for m in names}
+        ref = decode_numpy(**args, **OPTIONS["all"], **gate, initial_state=x["initial_state"],
+                           state_indices=idx[e])
+        check_decode(got[0][e], got[1][e], ref, TOL)
+        ref = decode_numpy(**{m: a[:1] for m, a in args.items()}, **OPTIONS["all"], **gate,
+                           initial_state=x["initial_state"][:2], cu_seqlens=cu)
+        check_decode(packed[0][e], packed[1][e], ref, TOL, cu_seqlens=cu)
+
+
+def test_vmap_of_the_triton_launch_over_per_head_parameters_is_an_error(jnp_launch):
+    x = decode_inputs(40, 1, 1, 1, 2, 16, 8, raw=True)
+    args, kw = args_of(x, "gate")
+    with pytest.raises(ValueError, match="jax.lax.map"):
+        jax.vmap(lambda a: gdn_jax.fused_recurrent_gated_delta_rule(**{**args, "A_log": a}, **kw))(
+            np.stack([x["A_log"]] * 2))
