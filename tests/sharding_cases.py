@@ -183,7 +183,7 @@ def layer_case(head_parallel: bool):
                               rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(layer)
     x = jax.random.normal(jax.random.key(1), (4, 80, 32))
-    f = lambda state, x: nnx.merge(graphdef, state)(x)  # noqa: E731
+    f = lambda state, x: nnx.merge(graphdef, state)(x)[0]  # noqa: E731
     state_rep = jax.device_put(state, NamedSharding(m, P()))
     return run(f, (state, x), (state_rep, put(m, x, "data")))
 
