@@ -15,7 +15,8 @@ import numpy as np
 
 from .autotune import UNTUNED, autotune_enabled, chosen_config, timing_allowed
 from .chunk_indices import cdiv
-from .triton_launch import GRID_LIMITS, TIMING_ROWS, aliased_outputs_are_parameters, triton_call
+from .triton_launch import (GRID_LIMITS, TIMING_ROWS, aliased_outputs_are_parameters,
+                            float32_scalar, triton_call)
 from .validate import check_kernel_dtypes
 
 NAME = "fused_recurrent"
@@ -100,7 +101,7 @@ def _config(kernel, operands, T: int, scale, constexprs, size: tuple) -> dict:
     timed = dict(constexprs, IN_PLACE=False)
     timing, out, T_t, N_t = _timing_launch(operands, T, constexprs)
     H, V = constexprs["H"], constexprs["V"]
-    scalars = (np.float32(scale), T_t, N_t)
+    scalars = (float32_scalar(scale), T_t, N_t)
 
     def run(ops, **config):  # ops: the arrays, then the scalars (traced by the timing: ignored)
         return triton_call(*ops[:len(OPERANDS)], *scalars, kernel=kernel.fn, out=out,
@@ -175,7 +176,7 @@ def fused_recurrent_triton(q, k, v, g, beta, A_log=None, dt_bias=None, initial_s
     operands = [dummy if x is None else x for x in
                 (q, k, v, g, beta, A_log, dt_bias, cu_seqlens, state_indices, initial_state)]
     P = initial_state.shape[0] if use_h0 else N
-    scalars = (np.float32(scale), T, P)
+    scalars = (float32_scalar(scale), T, P)
     constexprs = fused_recurrent_constexprs(
         Hg, H, K, V, use_h0=use_h0, store_final=output_final_state, in_place=in_place,
         varlen=cu_seqlens is not None, pool=pool, v_first=state_v_first, l2norm_q=l2norm_q,

@@ -12,6 +12,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .autotune import autotune_enabled, chosen_config, timing_allowed
 from .backend import compute_capability_major
@@ -86,6 +87,13 @@ def triton_call(*args, out, zeroed=False, input_output_aliases=None, **kwargs):
             warnings.filterwarnings("ignore", message=f"{what} is deprecated",
                                     category=DeprecationWarning)
         return jax_triton().triton_call(*args, **{_out_keyword(): out}, **extra, **kwargs)
+
+
+def float32_scalar(x):
+    """``x`` as a scalar operand that reaches the kernel as float32: a Python
+    float on jax-triton 0.4 (which deprecates ``np.float32`` scalars), an
+    ``np.float32`` on 0.3 (which passes a Python float as float64)."""
+    return float(x) if _out_keyword() == "out_type" else np.float32(x)
 
 
 def aliased_outputs_are_parameters() -> bool:
