@@ -39,7 +39,7 @@ import triton.language as tl
 
 from .chunk_fwd import sequence_rows, state_tile
 
-L2NORM_EPS: tl.constexpr = 1e-6
+L2NORM_EPS = tl.constexpr(1e-6)
 
 
 def _configs():
@@ -57,6 +57,17 @@ def l2_normalized(x, ON: tl.constexpr):
     if ON:
         x = x * tl.rsqrt(tl.sum(x * x) + L2NORM_EPS)
     return x
+
+
+@triton.jit
+def token_inputs(p_q, p_k, p_v, p_g, p_beta, m_k, m_v, live):
+    """One token's ``q, k [BK]``, ``v [BV]``, gate and beta in float32 (zeros where not ``live``)."""
+    b_q = tl.load(p_q, mask=m_k & live, other=0).to(tl.float32)
+    b_k = tl.load(p_k, mask=m_k & live, other=0).to(tl.float32)
+    b_v = tl.load(p_v, mask=m_v & live, other=0).to(tl.float32)
+    b_a = tl.load(p_g, mask=live, other=0).to(tl.float32)
+    b_beta = tl.load(p_beta, mask=live, other=0).to(tl.float32)
+    return b_q, b_k, b_v, b_a, b_beta
 
 
 @triton.autotune(
@@ -137,15 +148,22 @@ def gdn_fused_recurrent_kernel(
         if HAS_DT_BIAS:
             b_dt_bias = tl.load(dt_bias + i_h).to(tl.float32)
 
-    for _ in range(0, seq_len):
-        b_q = l2_normalized(tl.load(p_q, mask=m_k, other=0).to(tl.float32), L2NORM_Q) * scale
-        b_k = l2_normalized(tl.load(p_k, mask=m_k, other=0).to(tl.float32), L2NORM_K)
-        b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
-        b_a = tl.load(p_g).to(tl.float32)
+    # Each token's inputs are loaded while the one before is computed (the
+    # loads past the last token are masked off: no memory traffic).
+    b_q, b_k, b_v, b_a, b_beta = token_inputs(p_q, p_k, p_v, p_g, p_beta, m_k, m_v, seq_len > 0)
+    for i_t in range(0, seq_len):
+        p_q += Hg * K
+        p_k += Hg * K
+        p_v += H * V
+        p_g += H
+        p_beta += H
+        n_q, n_k, n_v, n_a, n_beta = token_inputs(p_q, p_k, p_v, p_g, p_beta, m_k, m_v,
+                                                  i_t + 1 < seq_len)
+        b_q = l2_normalized(b_q, L2NORM_Q) * scale
+        b_k = l2_normalized(b_k, L2NORM_K)
         if GATE_IN_KERNEL:  # -exp(A_log) * softplus(raw + dt_bias)
             x = b_a + b_dt_bias
             b_a = b_decay_rate * (tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))
-        b_beta = tl.load(p_beta).to(tl.float32)
         if BETA_SIGMOID:
             b_beta = tl.sigmoid(b_beta)
             if NEG_EIGVAL:
@@ -156,13 +174,8 @@ def gdn_fused_recurrent_kernel(
         b_s += b_k[:, None] * b_vn[None, :]
         b_o = tl.sum(b_s * b_q[:, None], 0)
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_v)
-
-        p_q += Hg * K
-        p_k += Hg * K
-        p_v += H * V
         p_o += H * V
-        p_g += H
-        p_beta += H
+        b_q, b_k, b_v, b_a, b_beta = n_q, n_k, n_v, n_a, n_beta
 
     if STORE_FINAL:
         if IN_PLACE:
