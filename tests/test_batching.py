@@ -8,7 +8,7 @@ import pytest
 
 import gdn_jax
 from gdn_jax import backend, sharding
-from gdn_jax.batching import vmappable
+from gdn_jax.batching import split_arrays, vmappable
 from gdn_jax.reference import fwd_intra_jnp
 from inputs import make_inputs
 
@@ -58,9 +58,14 @@ def examples(n, B, T, use_g=True, cus=None):
     return [None if draws[0][i] is None else jnp.stack([d[i] for d in draws]) for i in range(4)]
 
 
+RESULTS = ("bthk", "bthv", "btha")  # w, u, A
+
+
 def fixed_op(use_g=True):
-    return vmappable(unbatchable(lambda k, v, g, beta, cu, ci: fwd_intra_jnp(k, v, g, beta)),
-                     use_g=use_g, varlen=False, chunk_size=64)
+    """The jnp reference on ``k, v, [g], beta`` with the fold rule."""
+    def fwd(*arrays):
+        return fwd_intra_jnp(*split_arrays(arrays, use_g, False)[:4])
+    return vmappable(unbatchable(fwd), ("btgk", "bthv") + ("bth",) * (1 + use_g), RESULTS)
 
 
 @pytest.mark.parametrize("use_g", [True, False])
@@ -92,9 +97,11 @@ def test_nested_vmaps_fold_once_per_level():
 
 
 def varlen_op():
-    def fwd(k, v, g, beta, cu, ci):
+    """The jnp reference on ``k, v, g, beta, cu_seqlens, chunk_indices`` with the fold rule."""
+    def fwd(*arrays):
+        k, v, g, beta, cu, ci = split_arrays(arrays, True, True)
         return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_indices=ci)
-    return vmappable(unbatchable(fwd), use_g=True, varlen=True, chunk_size=64)
+    return vmappable(unbatchable(fwd), ("btgk", "bthv", "bth", "bth", "s", "ij"), RESULTS)
 
 
 CUS = [np.array(c, np.int32) for c in (
