@@ -36,7 +36,8 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_fwd_intra import copy_bandwidth, jax_dispatch_ms, timed_in_turn, wall_median  # noqa: E402
+from bench_fwd_intra import (copy_bandwidth, jax_dispatch_ms, markdown_table,  # noqa: E402
+                             timed_in_turn, wall_median)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -194,11 +195,7 @@ TABLE = [("B", "B"), ("T", "T"), ("state", "state"), ("gdn_jax_ms", "gdn_jax"),
 def print_table(rows, versions):
     """Markdown table of the rows (ms and ratios), the last thing printed."""
     print(f"\n{versions}")
-    print("| " + " | ".join(h for _, h in TABLE) + " |")
-    print("|" + " --- |" * len(TABLE))
-    for r in rows:
-        print("| " + " | ".join(f"{r[c]:.4f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
-                                for c, _ in TABLE) + " |")
+    print("\n".join(markdown_table(rows, TABLE, digits=4)))
 
 
 def main():

@@ -37,7 +37,7 @@ order follows jax-triton: inputs, the scalars, the outputs, the constexprs.
 import triton
 import triton.language as tl
 
-from .chunk_fwd import sequence_rows, state_tile
+from .chunk_fwd import program_heads, state_tile
 
 L2NORM_EPS = tl.constexpr(1e-6)
 
@@ -111,13 +111,7 @@ def gdn_fused_recurrent_kernel(
     BETA_SIGMOID: tl.constexpr,
     NEG_EIGVAL: tl.constexpr,
 ):
-    NV: tl.constexpr = tl.cdiv(V, BV)
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_h = (pid // NV) % H
-    i_n = pid // (NV * H)
-    bos, seq_len = sequence_rows(i_n, cu_seqlens, T, IS_VARLEN)
-    i_hk = i_h // (H // Hg)  # GQA: the key head this value head reads
+    i_v, i_h, i_n, i_hk, bos, seq_len = program_heads(cu_seqlens, T, H, Hg, V, BV, IS_VARLEN)
 
     if USE_POOL:
         row = tl.load(state_indices + i_n).to(tl.int64)
