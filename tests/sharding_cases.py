@@ -144,6 +144,23 @@ def chunk_case(m, B, T, Hg, H, bspec, hspec, cu=None):
     return run(f, (*args, cu), sharded)
 
 
+def recurrent_case(m, B, Hg, H, bspec, hspec, pool=None, T=3):
+    """Decode (the jnp path) on sharded inputs; with ``pool`` rows, a state pool
+    (heads only: its rows stay whole, ``state_indices`` replicated)."""
+    q, k, v, g, beta, h0 = gdn_inputs(B, T, Hg, H, N=pool)
+    idx = None if pool is None else jnp.asarray((np.arange(B) * 3 + 1) % pool, jnp.int32)
+
+    def f(q, k, v, g, beta, h0, idx):
+        return gdn_jax.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                        state_indices=idx, output_final_state=True)
+
+    sharded = (put(m, q, bspec, None, hspec), put(m, k, bspec, None, hspec),
+               put(m, v, bspec, None, hspec), put(m, g, bspec, None, hspec),
+               put(m, beta, bspec, None, hspec),
+               put(m, h0, None if pool else bspec, hspec), put(m, idx, None))
+    return run(f, (q, k, v, g, beta, h0, idx), sharded)
+
+
 def triton_branch_case():
     """impl="triton", with the jnp reference (its solve opaque to XLA) standing
     in for the kernels, on a 2 x 2 mesh (batch x heads); and the same
@@ -205,6 +222,11 @@ def cases():
         "chunk_heads": lambda: chunk_case(m4, 2, 130, 4, 8, None, "x"),
         "chunk_2x2_auto": lambda: chunk_case(m22_auto, 2, 130, 2, 4, "data", "model"),
         "chunk_varlen_heads": lambda: chunk_case(m4, 1, 200, 4, 8, None, "x", cu=cu),
+        "recurrent_batch": lambda: recurrent_case(m4, 4, 2, 4, "x", None),
+        "recurrent_heads": lambda: recurrent_case(m4, 2, 4, 8, None, "x"),
+        "recurrent_pool_heads": lambda: recurrent_case(m4, 3, 4, 8, None, "x", pool=7),
+        # a pool with the inputs split over batch: the batch is gathered (heads only)
+        "recurrent_pool_batch": lambda: recurrent_case(m22, 2, 2, 4, "data", "model", pool=5),
         "triton_branch": triton_branch_case,
         "layer_data_parallel": lambda: layer_case(False),
         "layer_head_parallel": lambda: layer_case(True),
