@@ -16,7 +16,8 @@ V]``; batch N sequences of T tokens. Columns (ms per decode call, medians):
 - ``*_gpu_ms``: GPU time, host dispatch left out: gdn_jax as one jitted call
   of 10 chained decode calls (each on the last one's state) divided by 10;
   fla through ``triton.testing.do_bench_cudagraph`` (a CUDA graph of the call);
-- ``gdn_jax_pool``: gdn_jax on a state pool (``state_indices``, 1.5 N rows);
+- ``gdn_jax_pool``: gdn_jax on a state pool (``state_indices``, 1.5 N rows),
+  float32 states at T = 1 (``--pool-everywhere``: every case);
 - ``floor_ms``: state bytes read + written / copy bandwidth.
 
 fla reads the given state and writes a new float32 one (it has no in-place
@@ -94,7 +95,7 @@ def fla_function():
     return fused_recurrent_gated_delta_rule
 
 
-def bench_case(B, T, state_dtype, bw, fla):
+def bench_case(B, T, state_dtype, bw, fla, pool):
     xs, h0 = make_inputs(B, T, state_dtype)
     row = dict(B=B, T=T, state=jnp.dtype(state_dtype).name,
                floor_ms=state_bytes(B, state_dtype) / bw * 1e3)
@@ -115,9 +116,10 @@ def bench_case(B, T, state_dtype, bw, fla):
         row[f"{col}_copies"] = hlo.count(" copy(")  # 0: the state updated in place
 
     jax_call("gdn_jax")
-    P = B + B // 2 + 1
-    perm = np.random.default_rng(B).permutation(P)[:B].astype(np.int32)
-    jax_call("gdn_jax_pool", jnp.asarray(perm), P)
+    if pool:
+        P = B + B // 2 + 1
+        perm = np.random.default_rng(B).permutation(P)[:B].astype(np.int32)
+        jax_call("gdn_jax_pool", jnp.asarray(perm), P)
     row["jax_configs"] = [dict(size_class=key[1][1], pool=dict(key[1][0])["USE_POOL"], **cfg)
                           for key, cfg in autotune._CHOSEN.items()
                           if key not in chosen and key[0] == "fused_recurrent"]
@@ -136,7 +138,7 @@ def bench_case(B, T, state_dtype, bw, fla):
         out = [None]
 
         def fla_call():
-            out[0] = fla(tq, tk, tv, tg, tb, initial_state=th0, output_final_state=True)
+            out[0] = fla(tq, tk, tv, g=tg, beta=tb, initial_state=th0, output_final_state=True)
 
         fla_call()
         torch.cuda.synchronize()
@@ -205,6 +207,8 @@ def main():
     p.add_argument("--tokens", default="1,4")
     p.add_argument("--states", default="float32,bfloat16")
     p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--pool-everywhere", action="store_true",
+                   help="time the state pool at every case (default: float32 states, T = 1)")
     p.add_argument("--replot", metavar="JSON", help="only redraw the chart of a saved run, into --out")
     args = p.parse_args()
     out = pathlib.Path(args.out)
@@ -230,12 +234,13 @@ def main():
     for state in args.states.split(","):
         for T in map(int, args.tokens.split(",")):
             for B in map(int, args.batches.split(",")):
-                rows.append(bench_case(B, T, jnp.dtype(state), bw, fla))
+                pool = args.pool_everywhere or (state == "float32" and T == 1)
+                rows.append(bench_case(B, T, jnp.dtype(state), bw, fla, pool))
                 print(json.dumps(rows[-1]), flush=True)
                 (out / "bench_decode.json").write_text(
                     json.dumps(dict(versions=versions, rows=rows), indent=1))
     plot(rows, out / "bench_decode.png")
-    copies = max(r[f"{c}_copies"] for r in rows for c in ("gdn_jax", "gdn_jax_pool"))
+    copies = max(r.get(f"{c}_copies", 0) for r in rows for c in ("gdn_jax", "gdn_jax_pool"))
     print(f"largest number of copies in a compiled decode step (0: the state updated in place): {copies}")
     print_table(rows, versions)
 

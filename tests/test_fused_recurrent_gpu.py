@@ -135,8 +135,9 @@ def _pool_step():
 
 
 def copies_of(hlo: str, shape: str) -> int:
-    """``copy`` instructions of an array of ``shape`` (e.g. ``f32[16,4,128,128]``) in the HLO."""
-    return len(re.findall(rf"= {re.escape(shape)}\{{[^}}]*\}} copy\(", hlo))
+    """Instructions that write a whole array of ``shape`` (e.g. ``f32[16,4,128,128]``)
+    in the compiled HLO: copies (plain or asynchronous) and fusions."""
+    return len(re.findall(rf"= {re.escape(shape)}\{{[^}}]*\}} (?:copy|copy-start|fusion)\(", hlo))
 
 
 def test_in_place_under_donation():
