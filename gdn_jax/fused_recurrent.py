@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 
 from .backend import runs_triton
