@@ -42,6 +42,7 @@ EXPECTED = {
     "recurrent_batch": ([W("x", None), S("x", None)], ["x", None]),
     "recurrent_heads": ([W(None, "x"), S(None, "x")], [None, "x"]),
     "recurrent_pool_heads": ([W(None, "x"), S(None, "x")], [None, "x"]),
+    "recurrent_options_2x2": ([W("data", "model"), S("data", "model")], ["data", "model"]),
     "triton_branch": ([W("data", "model")] * 3, ["data", "model"]),
     "layer_data_parallel": ([["data", None, None]], ["data", None]),
 }
