@@ -398,3 +398,12 @@ def test_vmap_of_the_triton_launch_over_per_head_parameters_is_an_error(jnp_laun
     with pytest.raises(ValueError, match="jax.lax.map"):
         jax.vmap(lambda a: gdn_jax.fused_recurrent_gated_delta_rule(**{**args, "A_log": a}, **kw))(
             np.stack([x["A_log"]] * 2))
+
+
+def test_grid_past_cuda_limits_is_a_clear_error():
+    """Checked before any launch, so this runs on CPU too."""
+    from gdn_jax.fused_recurrent_launch import check_fused_recurrent_grid
+
+    check_fused_recurrent_grid(2**20, 32, 128)
+    with pytest.raises(ValueError, match="over CUDA's grid limit"):
+        check_fused_recurrent_grid(2**23, 32, 128)
