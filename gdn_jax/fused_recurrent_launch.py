@@ -55,9 +55,10 @@ def fused_recurrent_constexprs(Hg, H, K, V, *, use_h0, store_final, in_place, va
 
 def size_class(N: int, H: int, tokens: int) -> tuple[int, int]:
     """The part of the config key the shapes give: the (sequence, head) pairs
-    in powers of 4 and the tokens per sequence in powers of 2 (up to 16). The
-    fastest ``BV`` depends on how many programs fill the GPU: at batch 1 the
-    narrowest tiles, at batch 256 wider ones."""
+    in powers of 4 and the tokens per sequence in powers of 2 (up to 16): the
+    fastest ``BV`` and warps depend on how many programs there are to fill the
+    GPU's SMs (a batch of 1 has 32 (sequence, head) pairs, one of 256 has 8192),
+    so each class times its own."""
     return (max(N * H, 1).bit_length() + 1) // 2, min(max(tokens, 1), 16).bit_length()
 
 
