@@ -659,11 +659,16 @@ def print_table(rows, bw):
                               if f"torch_{n}_do_bench_ms" in r)
                   + f"; one-kernel {r['torch_fused_do_bench_ms']:.4f}; split "
                   f"{r['torch_split_do_bench_ms']:.4f}")
-    print("| " + " | ".join(h for _, h in TABLE) + " |")
-    print("|" + " --- |" * len(TABLE))
-    for r in rows:
-        print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
-                                for c, _ in TABLE) + " |")
+    print("\n".join(markdown_table(rows, TABLE)))
+
+
+def markdown_table(rows, columns, digits=3):
+    """The lines of a Markdown table of ``rows`` (dicts) in ``columns``
+    (``(key, header)`` pairs): floats to ``digits`` places, "-" where a row has none."""
+    def cell(r, c):
+        return f"{r[c]:.{digits}f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
+    return (["| " + " | ".join(h for _, h in columns) + " |", "|" + " --- |" * len(columns)]
+            + ["| " + " | ".join(cell(r, c) for c, _ in columns) + " |" for r in rows])
 
 
 def main():

@@ -5,10 +5,19 @@
         --qk-heads 16 --v-heads 32 --head-dim 128 --dtype bfloat16   # GPU shape
 
 The layer: q/k/v/z/a/b projections, a causal depthwise conv (kernel 4) with
-SiLU over q, k, v, L2-normalised q and k, GQA (fewer q/k heads than v heads),
-``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (per-step
-natural-log forget gate), the chunked GDN forward, a gated RMSNorm
-``RMSNorm(o) * silu(z)`` per head and the output projection.
+SiLU over q, k, v, then the GDN forward with its options: q and k
+L2-normalised, GQA (fewer q/k heads than v heads), ``beta = sigmoid(b)``,
+``g = -exp(A_log) * softplus(a + dt_bias)`` (per-step natural-log forget
+gate); a gated RMSNorm ``RMSNorm(o) * silu(z)`` per head and the output
+projection.
+
+With a cache (:class:`GdnCache`: the conv's last ``conv_size - 1`` inputs and
+the recurrent state) the layer continues a sequence: a prefill (no cache, or
+more than ``decode_max_tokens`` tokens) runs the chunked forward
+(:func:`gdn_jax.chunk_gated_delta_rule`), a decode step (a few tokens with a
+cache) the recurrent one (:func:`gdn_jax.fused_recurrent_gated_delta_rule`,
+the state updated in place when the cache is donated). examples/generate.py
+checks that both give one forward's outputs.
 """
 from __future__ import annotations
 
@@ -16,6 +25,7 @@ import argparse
 import statistics
 import time
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +35,14 @@ from jax.sharding import PartitionSpec as P
 
 from gdn_jax.backend import cuda_available, impl_for
 from gdn_jax.gluon_launch import gluon_fits
-from gdn_jax.chunk import chunk_gated_delta_rule
+from gdn_jax import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from gdn_jax.validate import IMPLS
 
 
-def l2_normalize(x, eps=1e-6):
-    x = x.astype(jnp.float32)
-    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+class GdnCache(NamedTuple):
+    """What a layer carries from one call to the next, per batch row."""
+    conv: jax.Array  # [B, conv_size - 1, channels]: the conv's last inputs (q, k, v projections)
+    state: jax.Array  # [B, H, K, V]: the recurrent state after the last token
 
 
 def split_heads(x, mesh, axis):
@@ -42,7 +53,7 @@ def split_heads(x, mesh, axis):
 
 
 class GatedDeltaNet(nnx.Module):
-    """Gated DeltaNet token mixer: ``[B, T, hidden] -> [B, T, hidden]``.
+    """Gated DeltaNet token mixer: ``(x [B, T, hidden], cache) -> (y [B, T, hidden], new cache)``.
 
     Args:
       hidden: model width.
@@ -52,21 +63,28 @@ class GatedDeltaNet(nnx.Module):
       conv_size: causal depthwise conv width.
       dtype: compute dtype of projections and of q, k, v fed to the kernel
         (parameters stay float32; gates, norms in float32).
-      impl: ``fwd_intra`` implementation: ``"auto"``, ``"triton"``, ``"split"``,
-        ``"seed"`` or ``"reference"`` (see :func:`gdn_jax.fwd_intra`).
+      impl: ``fwd_intra`` implementation of the chunked forward: ``"auto"``,
+        ``"gluon"``, ``"triton"``, ``"split"``, ``"seed"`` or ``"reference"``
+        (see :func:`gdn_jax.fwd_intra`); decode steps run ``"reference"``
+        for ``"reference"``, ``"auto"`` for ``"auto"``, else the Triton kernel.
       heads_over: ``(mesh, axis)`` for tensor parallelism: q, k, v, g, beta
         are split over their heads on that mesh axis (``qk_heads`` divisible by
         its size), so each device runs the GDN forward on its heads; None
         leaves their sharding to XLA (data parallel: shard ``x`` over batch).
+      state_dtype: dtype of the cached recurrent state (the math runs in float32).
+      decode_max_tokens: with a cache, calls of up to this many tokens run
+        the recurrent forward (one read and write of the state), longer ones
+        the chunked forward.
     """
 
     def __init__(self, hidden: int, qk_heads: int, v_heads: int, head_dim: int, *,
                  conv_size: int = 4, dtype=jnp.float32, impl: str = "auto", heads_over=None,
-                 rngs: nnx.Rngs):
+                 state_dtype=jnp.float32, decode_max_tokens: int = 16, rngs: nnx.Rngs):
         if v_heads % qk_heads:
             raise ValueError(f"v_heads={v_heads} must be a multiple of qk_heads={qk_heads}")
         self.qk_heads, self.v_heads, self.head_dim = qk_heads, v_heads, head_dim
         self.dtype, self.impl, self.heads_over = dtype, impl, heads_over
+        self.state_dtype, self.decode_max_tokens = state_dtype, decode_max_tokens
         key_dim, value_dim = qk_heads * head_dim, v_heads * head_dim
         linear = partial(nnx.Linear, use_bias=False, dtype=dtype, rngs=rngs)
         self.q_proj = linear(hidden, key_dim)
@@ -76,7 +94,8 @@ class GatedDeltaNet(nnx.Module):
         self.a_proj = linear(hidden, v_heads)  # forget-gate logits
         self.b_proj = linear(hidden, v_heads)  # write-strength logits
         channels = 2 * key_dim + value_dim
-        self.conv = nnx.Conv(channels, channels, kernel_size=(conv_size,), padding="CAUSAL",
+        # Causal: the layer puts the conv_size - 1 inputs before the call's in front.
+        self.conv = nnx.Conv(channels, channels, kernel_size=(conv_size,), padding="VALID",
                              feature_group_count=channels, use_bias=False, dtype=dtype, rngs=rngs)
         # Per-head decay rate exp(A_log) in [1, 16], as Qwen3-Next initialises it.
         self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (v_heads,),
@@ -85,25 +104,49 @@ class GatedDeltaNet(nnx.Module):
         self.norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, rngs=rngs)
         self.o_proj = linear(value_dim, hidden)
 
-    def __call__(self, x):
+    def init_cache(self, batch: int) -> GdnCache:
+        """The cache of a sequence that has not started: zeros."""
+        Hg, H, D = self.qk_heads, self.v_heads, self.head_dim
+        channels = (2 * Hg + H) * D
+        return GdnCache(jnp.zeros((batch, self.conv.kernel_size[0] - 1, channels), self.dtype),
+                        jnp.zeros((batch, H, D, D), self.state_dtype))
+
+    def __call__(self, x, cache: GdnCache | None = None):
+        """``(y [B, T, hidden], new_cache)`` for ``x [B, T, hidden]``, continuing
+        the sequences of ``cache`` (None: they start here)."""
         B, T, _ = x.shape
         Hg, H, D = self.qk_heads, self.v_heads, self.head_dim
         x = x.astype(self.dtype)
-        qkv = jax.nn.silu(self.conv(jnp.concatenate(
-            [self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=-1)))
-        q, k, v = jnp.split(qkv, [Hg * D, 2 * Hg * D], axis=-1)
-        q = l2_normalize(q.reshape(B, T, Hg, D)).astype(self.dtype)
-        k = l2_normalize(k.reshape(B, T, Hg, D)).astype(self.dtype)
-        v = v.reshape(B, T, H, D).astype(self.dtype)
-        beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
-        g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(
-            self.a_proj(x).astype(jnp.float32) + self.dt_bias[...])
+        qkv = jnp.concatenate([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=-1)
+        if cache is None:
+            cache = self.init_cache(B)
+            state = None
+        else:
+            state = cache.state
+        window = jnp.concatenate([cache.conv.astype(self.dtype), qkv], axis=1)
+        conv = window[:, window.shape[1] - cache.conv.shape[1]:]
+        q, k, v = jnp.split(jax.nn.silu(self.conv(window)), [Hg * D, 2 * Hg * D], axis=-1)
+        q, k = q.reshape(B, T, Hg, D), k.reshape(B, T, Hg, D)
+        v = v.reshape(B, T, H, D)
+        beta_logits = self.b_proj(x).astype(jnp.float32)
+        gate_input = self.a_proj(x).astype(jnp.float32)
         if self.heads_over is not None:
-            q, k, v, g, beta = (split_heads(t, *self.heads_over) for t in (q, k, v, g, beta))
-        o, _ = chunk_gated_delta_rule(q, k, v, g, beta, impl=self.impl)
+            q, k, v, gate_input, beta_logits = (split_heads(t, *self.heads_over)
+                                                for t in (q, k, v, gate_input, beta_logits))
+        decode = state is not None and T <= self.decode_max_tokens
+        if decode:
+            forward = partial(fused_recurrent_gated_delta_rule,
+                              impl=self.impl if self.impl in ("auto", "reference") else "triton")
+        else:
+            forward = partial(chunk_gated_delta_rule, impl=self.impl)
+        o, state = forward(q, k, v, gate_input, beta_logits, use_qk_l2norm_in_kernel=True,
+                           use_gate_in_kernel=True, A_log=self.A_log[...],
+                           dt_bias=self.dt_bias[...], use_beta_sigmoid_in_kernel=True,
+                           initial_state=state, output_final_state=True)
         z = self.z_proj(x).reshape(B, T, H, D).astype(jnp.float32)
         o = self.norm(o.astype(jnp.float32)) * jax.nn.silu(z)
-        return self.o_proj(o.reshape(B, T, H * D).astype(self.dtype))
+        y = self.o_proj(o.reshape(B, T, H * D).astype(self.dtype))
+        return y, GdnCache(conv, state.astype(self.state_dtype))
 
 
 def main(argv=None):
@@ -127,7 +170,7 @@ def main(argv=None):
 
     @jax.jit
     def forward(state, x):
-        return nnx.merge(graphdef, state)(x)
+        return nnx.merge(graphdef, state)(x)[0]
 
     x = jax.random.normal(jax.random.key(args.seed + 1),
                           (args.batch, args.seq_len, args.hidden), jnp.float32).astype(dtype)

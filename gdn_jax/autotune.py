@@ -50,6 +50,7 @@ UNTUNED = {
     "chunk_bwd_walk": dict(BV=32, num_warps=4, num_stages=2),
     "chunk_bwd_local": dict(num_warps=4, num_stages=2),
     "wy_bwd": dict(num_warps=4, num_stages=2),
+    "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
 }
 
 _CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs

@@ -5,6 +5,8 @@ import functools
 
 import jax
 
+from .validate import kernel_dtypes
+
 
 @functools.cache
 def cuda_available() -> bool:
@@ -70,3 +72,12 @@ def resolve_impl(op: str, impl: str, *, programs: int = 0, gluon: bool = False) 
             f"JAX runs on {jax.default_backend()!r}; use impl='auto' or impl='reference'"
         )
     return impl
+
+
+def runs_triton(op: str, impl: str, *arrays) -> bool:
+    """Whether an op's Triton kernels run: ``"auto"`` on an NVIDIA GPU with
+    kernel dtypes (float64 takes the jnp path on every backend), any Triton
+    ``impl`` (which needs a GPU: :func:`resolve_impl` says so)."""
+    if impl == "auto":
+        return cuda_available() and kernel_dtypes(*arrays)
+    return resolve_impl(op, impl) != "reference"

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from .backend import cuda_available, resolve_impl
+from .backend import runs_triton
 from .chunk_indices import varlen_work_list
 from .chunk_bwd import CoreStatic, check_not_forward_mode, core_forward, gdn_core
 from .chunk_launch import walk_kernel_fits
@@ -31,7 +31,7 @@ from .naive_recurrent import prepare_gdn_args
 from .options import Options, apply_options, check_options
 from .precision import compute_dtype
 from .sharding import call_with_auto_axes
-from .validate import as_array, check_chunk_indices, check_impl, kernel_dtypes, is_traced
+from .validate import as_array, check_chunk_indices, check_impl, is_traced, python_number
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
@@ -109,8 +109,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     check_options(op, options, dims.H, A_log, dt_bias)
     if chunk_indices is not None:
         check_chunk_indices(op, chunk_indices, cu_seqlens)
-    triton = _runs_triton(op, impl, q, k, v)
-    scale_number = _number(scale)
+    triton = runs_triton(op, impl, q, k, v)
+    scale_number = python_number(scale)
     # Arrays go through call_with_auto_axes; a NumPy cu_seqlens stays a constant (exact chunk list).
     cu_array = cu_seqlens if isinstance(cu_seqlens, jax.Array) else None
     forward = functools.partial(
@@ -122,23 +122,6 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     return call_with_auto_axes(  # sharded over batch / heads as o [B, T, H, V], state [N, H, ., .]
         forward, args, k, v, cu_seqlens is not None,
         lambda b, h: (P(b, None, h, None), P(b, h, None, None) if output_final_state else None))
-
-
-def _number(scale):
-    """``scale`` as a Python float where it is concrete, else None (a tracer)."""
-    try:
-        return float(scale)
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        return None
-
-
-def _runs_triton(op, impl, q, k, v) -> bool:
-    """Whether the Triton kernels run: ``"auto"`` on an NVIDIA GPU with kernel
-    dtypes (float64 takes the jnp path on every backend), any Triton ``impl``
-    (which needs a GPU: :func:`gdn_jax.backend.resolve_impl` says so)."""
-    if impl == "auto":
-        return cuda_available() and kernel_dtypes(q, k, v)
-    return resolve_impl(op, impl) != "reference"
 
 
 def _forward(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, A_log, dt_bias, scale,

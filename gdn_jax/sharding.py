@@ -14,9 +14,11 @@ An op describes its arrays by a :class:`Layout`, one letter per dim:
   needs the matching block of key heads: both are split over the same mesh
   axes, which needs ``Hg`` divisible by the number of head shards;
 - every other dim is whole on each device: ``T`` (chunks and the state
-  recurrence span it), the head dims, ``cu_seqlens`` (``s``) and the chunk
-  indices (``ij``). A sharding there is gathered.
-- Packed varlen (``cu_seqlens``, ``B == 1``): heads only.
+  recurrence span it), the head dims, ``cu_seqlens`` (``s``), the chunk
+  indices (``ij``), the rows of a state pool (``p``) and the indices into it
+  (``i``). A sharding there is gathered.
+- Packed varlen (``cu_seqlens``, ``B == 1``), and any op on a state pool
+  (every device would write its sequences' rows into its own copy): heads only.
 
 Any other sharding is not an error: the partitioner reshards the inputs to
 what :func:`_plan` asks for (heads or batch replicated where they cannot be
@@ -48,7 +50,8 @@ WHOLE = "t"  # a dim letter of no special meaning: never split
 
 class Layout(NamedTuple):
     """The dims of an op's array operands and results, one letter per dim
-    (module docstring); ``varlen``: a packed batch, ``ratio``: ``H // Hg``."""
+    (module docstring); ``varlen``: split over heads only (a packed batch, a
+    state pool), ``ratio``: ``H // Hg``."""
     operands: tuple[str, ...]
     results: tuple[str, ...]
     varlen: bool

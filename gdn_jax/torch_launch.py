@@ -232,3 +232,57 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         BT=64, BK=BK, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **wy_config)
     heads = lambda x: x.view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA
     return heads(dq), heads(dk + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
+
+
+def fused_recurrent_torch(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None,
+                          cu_seqlens=None, state_indices=None, *, scale=None,
+                          output_final_state=True, state_v_first=False,
+                          use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                          use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                          autotune=True, config=None):
+    """The per-token recurrence (``kernels/fused_recurrent.py``) on torch
+    tensors: ``(o [B, T, H, V] in v's dtype, final state or None)``. Shapes
+    and options as :func:`gdn_jax.fused_recurrent_gated_delta_rule`, the
+    indices taken as given (the kernel skips those outside ``[0, P)``; give
+    :func:`gdn_jax.fused_recurrent.owned_state_indices` of repeated ones).
+    With ``initial_state`` and ``output_final_state`` the state is written in
+    place and returned; ``config`` (kwargs) pins the config, else Triton's
+    autotuner runs (``autotune=True``) or the fixed config (interpreter)."""
+    import torch
+
+    from .fused_recurrent_launch import fused_recurrent_constexprs, fused_recurrent_grid
+    from .kernels.fused_recurrent import gdn_fused_recurrent_kernel
+
+    B, T, Hg, K = q.shape
+    H, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    scale = K ** -0.5 if scale is None else scale
+    use_h0 = initial_state is not None
+    in_place = use_h0 and output_final_state
+    o = torch.empty(B, T, H, V, device=v.device, dtype=v.dtype)
+    shape = (N, H, V, K) if state_v_first else (N, H, K, V)
+    fresh = output_final_state and not use_h0
+    ht = torch.empty(shape if fresh else (1,), device=v.device, dtype=torch.float32)
+    final = initial_state if in_place else (ht if fresh else None)
+    if N * H == 0 or B * T == 0:
+        return o.zero_(), (ht.zero_() if fresh else final)
+    dummy = torch.zeros(1, dtype=torch.int32, device=v.device)
+    kernel, kwargs = tuned_or_fixed(gdn_fused_recurrent_kernel, "fused_recurrent", autotune,
+                                    None if config is None else {"fused_recurrent": config})
+    grid = lambda meta: fused_recurrent_grid(N, H, V, meta["BV"])  # noqa: E731
+    arrays = [dummy if x is None else x for x in
+              (q, k, v, g, beta, A_log, dt_bias, cu_seqlens, state_indices, initial_state)]
+    if cu_seqlens is not None:
+        arrays[7] = cu_seqlens.to(torch.int32)
+    if state_indices is not None:
+        arrays[8] = state_indices.to(torch.int32)
+    kernel[grid](*arrays, float(scale), T, initial_state.shape[0] if use_h0 else N, o, ht,
+                 **fused_recurrent_constexprs(
+                     Hg, H, K, V, use_h0=use_h0, store_final=output_final_state, in_place=in_place,
+                     varlen=cu_seqlens is not None, pool=state_indices is not None,
+                     v_first=state_v_first, l2norm_q=use_qk_l2norm_in_kernel,
+                     l2norm_k=use_qk_l2norm_in_kernel, gate=use_gate_in_kernel,
+                     dt_bias=dt_bias is not None, beta_sigmoid=use_beta_sigmoid_in_kernel,
+                     neg_eigval=allow_neg_eigval),
+                 **kwargs)
+    return o, final

@@ -12,6 +12,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .autotune import autotune_enabled, chosen_config, timing_allowed
 from .backend import compute_capability_major
@@ -60,26 +61,50 @@ def _out_keyword() -> str:
     return "out_type" if "out_type" in params else "out_shape"
 
 
-def triton_call(*args, out, zeroed=False, **kwargs):
+def triton_call(*args, out, zeroed=False, input_output_aliases=None, **kwargs):
     """``jax_triton.triton_call`` with the output spec under the keyword this
     jax-triton version takes (0.4 renamed ``out_shape`` to ``out_type``).
 
     ``zeroed=True``: the one output ``out`` starts as zeros (the kernel
-    writes part of it), through ``zeroed_outputs``. jax-triton 0.4
-    deprecates that for a zeroed ``Ref`` operand, but in JAX 0.11 a ``Ref``
-    cannot pass ``custom_partitioning`` ("Cannot lower jaxpr with effects")
-    or ``custom_jvp`` ("No state discharge rule implemented for primitive:
-    custom_jvp_call"), both of which wrap this launch (:mod:`gdn_jax.sharding`):
-    so ``zeroed_outputs`` stays, and its one deprecation warning, about
-    this internal choice, is not passed on.
+    writes part of it), through ``zeroed_outputs``. ``input_output_aliases``
+    (``{operand index: output index}``): those outputs are their operands'
+    buffers, written in place (see :func:`aliased_outputs_are_parameters` for
+    how the kernel's parameters meet them). jax-triton 0.4 deprecates both for
+    ``Ref`` operands, but in JAX 0.11 a ``Ref`` cannot pass
+    ``custom_partitioning`` ("Cannot lower jaxpr with effects") or
+    ``custom_jvp`` ("No state discharge rule implemented for primitive:
+    custom_jvp_call"), both of which wrap the launches (:mod:`gdn_jax.sharding`):
+    so they stay, and their deprecation warnings, about this internal choice,
+    are not passed on.
     """
-    if not zeroed:
-        return jax_triton().triton_call(*args, **{_out_keyword(): out}, **kwargs)
+    extra = {}
+    if zeroed:
+        extra["zeroed_outputs"] = (0,)
+    if input_output_aliases:
+        extra["input_output_aliases"] = dict(input_output_aliases)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="zeroed_outputs is deprecated",
-                                category=DeprecationWarning)
-        return jax_triton().triton_call(*args, **{_out_keyword(): out}, zeroed_outputs=(0,),
-                                        **kwargs)
+        for what in ("zeroed_outputs", "input_output_aliases"):
+            warnings.filterwarnings("ignore", message=f"{what} is deprecated",
+                                    category=DeprecationWarning)
+        return jax_triton().triton_call(*args, **{_out_keyword(): out}, **extra, **kwargs)
+
+
+def float32_scalar(x):
+    """``x`` as a scalar operand that reaches the kernel as float32: a Python
+    float on jax-triton 0.4 (which deprecates ``np.float32`` scalars), an
+    ``np.float32`` on 0.3 (which passes a Python float as float64)."""
+    return float(x) if _out_keyword() == "out_type" else np.float32(x)
+
+
+def aliased_outputs_are_parameters() -> bool:
+    """Whether an output aliased to an operand also takes a pointer parameter
+    of its own: jax-triton 0.3 passes every output after the operands, aliased
+    ones included; 0.4 binds the operands to the kernel's parameters in order
+    and gives the outputs not aliased the parameters left over (an aliased
+    output is its operand's parameter). jaxlib hands those parameters the
+    operands' buffers, then the results' in order (aliased results included),
+    so a launch with aliases orders its results unaliased first."""
+    return _out_keyword() == "out_shape"
 
 
 @functools.cache

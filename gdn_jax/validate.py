@@ -27,6 +27,14 @@ def is_traced(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def python_number(x):
+    """``x`` (a scalar) as a Python float where it is concrete, else None (a tracer)."""
+    try:
+        return float(x)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None
+
+
 def _shape(x) -> tuple[int, ...]:
     return tuple(x.shape)
 
@@ -52,9 +60,16 @@ def _check_shape(op: str, name: str, x, want: tuple[int, ...], layout: str, why:
         )
 
 
-def check_impl(op: str, impl: str) -> None:
-    if impl not in IMPLS:
-        raise ValueError(f"{op}: `impl` must be one of {IMPLS}, got {impl!r}")
+def check_impl(op: str, impl: str, impls: tuple[str, ...] = IMPLS) -> None:
+    if impl not in impls:
+        raise ValueError(f"{op}: `impl` must be one of {impls}, got {impl!r}")
+
+
+def check_static_flag(op: str, name: str, x) -> None:
+    """A flag that decides the outputs' shapes must be a Python bool."""
+    if is_traced(x):
+        raise TypeError(f"{op}: `{name}` must be a Python bool, static under jax.jit "
+                        f"(static_argnames=('{name}',)); got a tracer")
 
 
 def check_chunk_size(op: str, chunk_size) -> None:
@@ -261,3 +276,35 @@ def checkify_cu_seqlens(cu_seqlens, T: int) -> None:
                    "cu_seqlens must be non-decreasing; first decrease after index {}",
                    jnp.argmax(steps < 0))
     checkify.check(cu[-1] == T, "cu_seqlens[-1] must equal T=" + str(T) + ", got {}", cu[-1])
+
+
+def check_state_pool(op: str, pool, state_indices, dims: GdnDims, *, varlen: bool,
+                     state_v_first: bool = False):
+    """Checks a state pool ``initial_state [P, H, K, V]`` (``[P, H, V, K]``
+    V-first) and ``state_indices [N]`` (integers; concrete ones below ``P``,
+    negative ones allowed: a sequence without a row). Returns the indices
+    as int32."""
+    if pool is None:
+        raise ValueError(f"{op}: `state_indices` names rows of a state pool; pass the pool "
+                         f"[P, H, K, V] as `initial_state`")
+    layout = "[P, H, V, K]" if state_v_first else "[P, H, K, V]"
+    _check_rank(op, "initial_state", pool, 4, f"{layout} (a state pool, with `state_indices`)")
+    _check_float(op, "initial_state", pool)
+    rest = (dims.H, dims.V, dims.K) if state_v_first else (dims.H, dims.K, dims.V)
+    if _shape(pool)[1:] != rest or pool.shape[0] < 1:
+        raise ValueError(
+            f"{op}: `initial_state`, a state pool with `state_indices`, must have shape {layout} = "
+            f"(P, {', '.join(map(str, rest))}) with P >= 1 rows, got {_shape(pool)}")
+    if not hasattr(state_indices, "dtype") or not jnp.issubdtype(state_indices.dtype, jnp.integer):
+        raise TypeError(f"{op}: `state_indices` must be an integer array [N] (one pool row per "
+                        f"sequence), got {getattr(state_indices, 'dtype', type(state_indices).__name__)}")
+    _check_shape(op, "state_indices", state_indices, (dims.N,), "[N]",
+                 "one pool row per sequence, N = " + ("len(cu_seqlens) - 1" if varlen else "B"))
+    if not is_traced(state_indices):
+        idx = np.asarray(state_indices)
+        past = np.flatnonzero(idx >= pool.shape[0])
+        if past.size:
+            raise ValueError(
+                f"{op}: `state_indices[{past[0]}]` = {idx[past[0]]} is past the pool's P = "
+                f"{pool.shape[0]} rows (a sequence without a row takes a negative index, e.g. -1)")
+    return jnp.asarray(state_indices, jnp.int32)

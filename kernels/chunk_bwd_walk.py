@@ -19,7 +19,7 @@ outputs last).
 import triton
 import triton.language as tl
 
-from .chunk_fwd import sequence_rows, state_tile
+from .chunk_fwd import program_heads, state_tile
 
 
 @triton.autotune(
@@ -56,13 +56,7 @@ def gdn_chunk_bwd_walk_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    NV: tl.constexpr = (V + BV - 1) // BV
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_h = (pid // NV) % H
-    i_n = pid // (NV * H)
-    bos, seq_len = sequence_rows(i_n, cu_seqlens, T, IS_VARLEN)
-    i_hk = i_h // (H // Hg)
+    i_v, i_h, i_n, i_hk, bos, seq_len = program_heads(cu_seqlens, T, H, Hg, V, BV, IS_VARLEN)
     scale = tl.cast(scale, tl.float32)
 
     s_offsets, s_mask = state_tile(i_n, i_h, i_v, H, K, V, BK, BV, False)

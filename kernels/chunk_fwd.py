@@ -53,6 +53,22 @@ def sequence_rows(i_n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def program_heads(cu_seqlens, T, H: tl.constexpr, Hg: tl.constexpr, V: tl.constexpr,
+                  BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(i_v, i_h, i_n, i_hk, bos, seq_len)`` of a program on axis 0 (the V
+    block fastest, then the value head, then the sequence): its V block,
+    value head, sequence, the key head it reads (GQA) and the sequence's rows
+    (:func:`sequence_rows`)."""
+    NV: tl.constexpr = (V + BV - 1) // BV  # constexpr arithmetic: triton 3.6's tl.cdiv is not
+    pid = tl.program_id(0)
+    i_v = pid % NV
+    i_h = (pid // NV) % H
+    i_n = pid // (NV * H)
+    bos, seq_len = sequence_rows(i_n, cu_seqlens, T, IS_VARLEN)
+    return i_v, i_h, i_n, i_h // (H // Hg), bos, seq_len
+
+
+@triton.jit
 def state_tile(i_n, i_h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, STATE_V_FIRST: tl.constexpr):
     """Offsets ``[BK, BV]`` of state ``(i_n, i_h)``'s columns ``i_v * BV ..``
@@ -120,13 +136,7 @@ def gdn_chunk_fwd_kernel(
     STORE_H: tl.constexpr = False,
     STORE_V: tl.constexpr = False,
 ):
-    NV: tl.constexpr = (V + BV - 1) // BV
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_h = (pid // NV) % H
-    i_n = pid // (NV * H)
-    bos, seq_len = sequence_rows(i_n, cu_seqlens, T, IS_VARLEN)
-    i_hk = i_h // (H // Hg)  # GQA: the key head this value head reads
+    i_v, i_h, i_n, i_hk, bos, seq_len = program_heads(cu_seqlens, T, H, Hg, V, BV, IS_VARLEN)
     scale = tl.cast(scale, tl.float32)  # jax-triton 0.3 passes a Python float as fp64
 
     s_offsets, s_mask = state_tile(i_n, i_h, i_v, H, K, V, BK, BV, STATE_V_FIRST)

@@ -28,7 +28,9 @@ import zlib
 import triton
 from triton.backends.compiler import GPUTarget
 
+from gdn_jax.fused_recurrent_launch import fused_recurrent_constexprs
 from gdn_jax.kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
+from gdn_jax.kernels.fused_recurrent import gdn_fused_recurrent_kernel
 from gdn_jax.kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel
 from gdn_jax.kernels.recompute_w_u import recompute_w_u_fwd_kernel
 from gdn_jax.triton_launch import BC, _block, wu_blocks
@@ -92,6 +94,15 @@ def main():
         "A kernel (split path)": (gdn_fwd_intra_A_kernel,
                                      dict(k=bf, g=f32, beta=f32, **runtime, A=bf),
                                      dict(**heads, BC=BC, **flags)),
+        # decode: a float32 state pool updated in place, the options off
+        "decode (fused_recurrent)": (
+            gdn_fused_recurrent_kernel,
+            dict(q=bf, k=bf, v=bf, g=f32, beta=f32, A_log=f32, dt_bias=f32, cu_seqlens=i32,
+                 state_indices=i32, h0=f32, scale="fp32", T="i32", P="i32", o=bf, ht=f32),
+            fused_recurrent_constexprs(
+                a.Hg, a.H, a.K, a.K, use_h0=True, store_final=True, in_place=True,
+                varlen=a.varlen, pool=True, v_first=False, l2norm_q=False, l2norm_k=False,
+                gate=False, dt_bias=False, beta_sigmoid=False, neg_eigval=False)),
     }
     print(f"triton {triton.__version__}, sm_90a, bf16, K=V={a.K}, H={a.H}, Hg={a.Hg}, varlen={a.varlen}")
     print("| kernel | config | registers | spill stores (B) | shared (B) | PTX | PTX+TTIR zlib (KB) |")

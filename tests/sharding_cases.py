@@ -144,6 +144,30 @@ def chunk_case(m, B, T, Hg, H, bspec, hspec, cu=None):
     return run(f, (*args, cu), sharded)
 
 
+def recurrent_case(m, B, Hg, H, bspec, hspec, pool=None, T=3, options=False):
+    """Decode (the jnp path) on sharded inputs; with ``pool`` rows, a state pool
+    (heads only: its rows stay whole, ``state_indices`` replicated); with
+    ``options``, the gate from its raw input (``A_log``, ``dt_bias`` [H]
+    replicated), q/k L2 norm and beta from logits."""
+    q, k, v, g, beta, h0 = gdn_inputs(B, T, Hg, H, N=pool)
+    idx = None if pool is None else jnp.asarray((np.arange(B) * 3 + 1) % pool, jnp.int32)
+    A_log, dt_bias = (np.linspace(lo, hi, H).astype(np.float32) for lo, hi in ((0, 2), (-1, 1)))
+    gate = dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True,
+                use_beta_sigmoid_in_kernel=True) if options else {}
+
+    def f(q, k, v, g, beta, h0, idx, A_log, dt_bias):
+        return gdn_jax.fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, state_indices=idx, output_final_state=True,
+            **gate, **(dict(A_log=A_log, dt_bias=dt_bias) if options else {}))
+
+    sharded = (put(m, q, bspec, None, hspec), put(m, k, bspec, None, hspec),
+               put(m, v, bspec, None, hspec), put(m, g, bspec, None, hspec),
+               put(m, beta, bspec, None, hspec),
+               put(m, h0, None if pool else bspec, hspec), put(m, idx, None), put(m, A_log, None),
+               put(m, dt_bias, None))
+    return run(f, (q, k, v, g, beta, h0, idx, A_log, dt_bias), sharded)
+
+
 def triton_branch_case():
     """impl="triton", with the jnp reference (its solve opaque to XLA) standing
     in for the kernels, on a 2 x 2 mesh (batch x heads); and the same
@@ -183,7 +207,7 @@ def layer_case(head_parallel: bool):
                               rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(layer)
     x = jax.random.normal(jax.random.key(1), (4, 80, 32))
-    f = lambda state, x: nnx.merge(graphdef, state)(x)  # noqa: E731
+    f = lambda state, x: nnx.merge(graphdef, state)(x)[0]  # noqa: E731
     state_rep = jax.device_put(state, NamedSharding(m, P()))
     return run(f, (state, x), (state_rep, put(m, x, "data")))
 
@@ -205,6 +229,13 @@ def cases():
         "chunk_heads": lambda: chunk_case(m4, 2, 130, 4, 8, None, "x"),
         "chunk_2x2_auto": lambda: chunk_case(m22_auto, 2, 130, 2, 4, "data", "model"),
         "chunk_varlen_heads": lambda: chunk_case(m4, 1, 200, 4, 8, None, "x", cu=cu),
+        "recurrent_batch": lambda: recurrent_case(m4, 4, 2, 4, "x", None),
+        "recurrent_heads": lambda: recurrent_case(m4, 2, 4, 8, None, "x"),
+        "recurrent_pool_heads": lambda: recurrent_case(m4, 3, 4, 8, None, "x", pool=7),
+        "recurrent_options_2x2": lambda: recurrent_case(m22, 2, 2, 4, "data", "model",
+                                                        options=True),
+        # a pool with the inputs split over batch: the batch is gathered (heads only)
+        "recurrent_pool_batch": lambda: recurrent_case(m22, 2, 2, 4, "data", "model", pool=5),
         "triton_branch": triton_branch_case,
         "layer_data_parallel": lambda: layer_case(False),
         "layer_head_parallel": lambda: layer_case(True),

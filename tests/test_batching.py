@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import gdn_jax
-from gdn_jax import backend, sharding
-from gdn_jax.batching import vmappable
+from gdn_jax import sharding
+from gdn_jax.batching import split_arrays, vmappable
 from gdn_jax.reference import fwd_intra_jnp
 from inputs import make_inputs
 from stand_ins import unbatchable
@@ -37,15 +37,14 @@ def examples(n, B, T, use_g=True, cus=None):
     return [None if draws[0][i] is None else jnp.stack([d[i] for d in draws]) for i in range(4)]
 
 
-INTRA_RESULTS = ("bthk", "bthv", "btha")
+RESULTS = ("bthk", "bthv", "btha")  # w, u, A
 
 
 def fixed_op(use_g=True):
+    """The jnp reference on ``k, v, [g], beta`` with the fold rule."""
     def fwd(*arrays):
-        k, v, g, beta = arrays if use_g else (arrays[0], arrays[1], None, arrays[2])
-        return fwd_intra_jnp(k, v, g, beta)
-    dims = ("btgk", "bthv") + ("bth",) * (1 + use_g)
-    return vmappable(unbatchable(fwd), dims, INTRA_RESULTS)
+        return fwd_intra_jnp(*split_arrays(arrays, use_g, False)[:4])
+    return vmappable(unbatchable(fwd), ("btgk", "bthv") + ("bth",) * (1 + use_g), RESULTS)
 
 
 @pytest.mark.parametrize("use_g", [True, False])
@@ -77,9 +76,11 @@ def test_nested_vmaps_fold_once_per_level():
 
 
 def varlen_op():
-    def fwd(k, v, g, beta, cu, ci):
+    """The jnp reference on ``k, v, g, beta, cu_seqlens, chunk_indices`` with the fold rule."""
+    def fwd(*arrays):
+        k, v, g, beta, cu, ci = split_arrays(arrays, True, True)
         return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu, chunk_indices=ci)
-    return vmappable(unbatchable(fwd), ("btgk", "bthv", "bth", "bth", "s", "ij"), INTRA_RESULTS)
+    return vmappable(unbatchable(fwd), ("btgk", "bthv", "bth", "bth", "s", "ij"), RESULTS)
 
 
 CUS = [np.array(c, np.int32) for c in (

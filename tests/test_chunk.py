@@ -210,13 +210,13 @@ def test_given_chunk_indices():
 def test_one_dtype_policy(monkeypatch):
     """On a GPU, impl="auto" runs the kernels for bf16/fp16/fp32 and the jnp
     path for float64 (which the kernels do not take), as on CPU."""
-    from gdn_jax import chunk
+    from gdn_jax import backend
 
-    monkeypatch.setattr(chunk, "cuda_available", lambda: True)
+    monkeypatch.setattr(backend, "cuda_available", lambda: True)
     x32, x64 = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float64)
-    assert chunk._runs_triton("op", "auto", x32, x32, x32)
-    assert not chunk._runs_triton("op", "auto", x64, x64, x64)
-    assert not chunk._runs_triton("op", "reference", x32, x32, x32)
+    assert backend.runs_triton("op", "auto", x32, x32, x32)
+    assert not backend.runs_triton("op", "auto", x64, x64, x64)
+    assert not backend.runs_triton("op", "reference", x32, x32, x32)
 
 
 def test_output_final_state_must_be_static():

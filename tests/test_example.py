@@ -1,4 +1,4 @@
-"""examples/flax_gdn_layer.py runs on CPU, and its layer is causal."""
+"""examples/flax_gdn_layer.py runs on CPU, its layer is causal, and its cache continues a sequence."""
 from __future__ import annotations
 
 import os
@@ -36,10 +36,36 @@ def test_layer_is_causal():
     mod = load_module(EXAMPLE)
     layer = mod.GatedDeltaNet(32, 2, 4, 8, impl="reference", rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(layer)
-    fwd = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    fwd = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0])
     x = jax.random.normal(jax.random.key(1), (2, 80, 32))
     y = fwd(state, x)
     assert y.shape == (2, 80, 32) and bool(jnp.isfinite(y).all())
     y2 = fwd(state, x.at[:, 50:].set(7.0))  # change the future only
     np.testing.assert_allclose(np.asarray(y2[:, :50]), np.asarray(y[:, :50]), rtol=1e-5, atol=1e-6)
     assert not np.allclose(np.asarray(y2[:, 50:]), np.asarray(y[:, 50:]))
+
+
+@pytest.mark.parametrize("state_dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)])
+def test_layer_cache_continues_the_sequence(state_dtype, tol):
+    """A prefill, then decode steps of 1 and 3 tokens (recurrent path) and one
+    of 20 (chunked path, past decode_max_tokens), each from the last call's
+    cache: one forward's outputs."""
+    from flax import nnx
+
+    mod = load_module(EXAMPLE)
+    layer = mod.GatedDeltaNet(32, 2, 4, 8, impl="reference", state_dtype=state_dtype,
+                              rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(layer)
+    fwd = jax.jit(lambda s, x, cache: nnx.merge(graphdef, s)(x, cache))
+    x = jax.random.normal(jax.random.key(2), (2, 94, 32))
+    full, _ = fwd(state, x, None)
+    y, cache = fwd(state, x[:, :70], None)
+    assert cache.conv.shape == (2, 3, (2 * 2 + 4) * 8) and cache.state.shape == (2, 4, 8, 8)
+    assert cache.state.dtype == state_dtype
+    ys = [y]
+    for s, e in [(70, 71), (71, 74), (74, 94)]:
+        y, cache = fwd(state, x[:, s:e], cache)
+        ys.append(y)
+    got = jnp.concatenate(ys, axis=1)
+    err = float(jnp.linalg.norm(got - full) / jnp.linalg.norm(full))
+    assert err < tol, err

@@ -1,4 +1,5 @@
-"""fwd_intra, chunk_gated_delta_rule and the Flax layer on sharded arrays (4 virtual CPU devices).
+"""fwd_intra, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule and the Flax layer on
+sharded arrays (4 virtual CPU devices).
 
 The device count is fixed when JAX starts, and this pytest process has
 started it, so tests/sharding_cases.py runs every case once in a subprocess
@@ -38,6 +39,10 @@ EXPECTED = {
     "chunk_heads": ([W(None, "x"), S(None, "x")], [None, "x"]),
     "chunk_2x2_auto": ([W("data", "model"), S("data", "model")], ["data", "model"]),
     "chunk_varlen_heads": ([W(None, "x"), S(None, "x")], [None, "x"]),
+    "recurrent_batch": ([W("x", None), S("x", None)], ["x", None]),
+    "recurrent_heads": ([W(None, "x"), S(None, "x")], [None, "x"]),
+    "recurrent_pool_heads": ([W(None, "x"), S(None, "x")], [None, "x"]),
+    "recurrent_options_2x2": ([W("data", "model"), S("data", "model")], ["data", "model"]),
     "triton_branch": ([W("data", "model")] * 3, ["data", "model"]),
     "layer_data_parallel": ([["data", None, None]], ["data", None]),
 }
@@ -89,6 +94,15 @@ def test_unsplittable_heads_fall_back_to_replicated(results):
     assert r["err"] <= 1e-5
     assert r["plans"] and all(p == [None, None] for p in r["plans"])
     assert r["collectives"]["all-gather"] > 0
+
+
+def test_state_pool_splits_over_heads_only(results):
+    """A pool's rows are named by any sequence: with the inputs split over
+    batch too, the batch is gathered and the op runs on head blocks."""
+    r = get(results, "recurrent_pool_batch")
+    assert r["err"] <= 1e-5
+    assert r["plans"] and all(p == [None, "model"] for p in r["plans"])
+    assert r["specs"] == [W(None, "model"), S(None, "model")]
 
 
 def test_layer_head_parallel(results):
