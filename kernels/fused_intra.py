@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .safe_exp import LOG2E, safe_exp2
-from .tiles import at_head, load_rows, program_chunk, store_w_u, tile_ptr
+from .tiles import at_head, load_rows, load_tile, program_chunk, store_tile, store_w_u
 from .unit_lower import block_dot, unit_lower_inverse_by_halving
 
 
@@ -46,17 +46,13 @@ def gate(b_A, g_r, g_c, beta_r, USE_G: tl.constexpr):
 
 
 @triton.jit
-def store_row_block(ptr, T, C, stride, r0, c0, b_0, b_1, b_2, b_3, BR: tl.constexpr,
+def store_row_block(ptr, T, C: tl.constexpr, stride, r0, c0, b_0, b_1, b_2, b_3, BR: tl.constexpr,
                     BCOL: tl.constexpr):
     """Store four ``[BR, BCOL]`` tiles side by side from column ``c0`` of row block ``r0``."""
-    tl.store(tile_ptr(ptr, T, C, stride, r0, c0, BR, BCOL), b_0.to(ptr.dtype.element_ty),
-             boundary_check=(0, 1))
-    tl.store(tile_ptr(ptr, T, C, stride, r0, c0 + BCOL, BR, BCOL), b_1.to(ptr.dtype.element_ty),
-             boundary_check=(0, 1))
-    tl.store(tile_ptr(ptr, T, C, stride, r0, c0 + 2 * BCOL, BR, BCOL),
-             b_2.to(ptr.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(tile_ptr(ptr, T, C, stride, r0, c0 + 3 * BCOL, BR, BCOL),
-             b_3.to(ptr.dtype.element_ty), boundary_check=(0, 1))
+    store_tile(ptr, b_0, T, C, stride, r0, c0, BR, BCOL)
+    store_tile(ptr, b_1, T, C, stride, r0, c0 + BCOL, BR, BCOL)
+    store_tile(ptr, b_2, T, C, stride, r0, c0 + 2 * BCOL, BR, BCOL)
+    store_tile(ptr, b_3, T, C, stride, r0, c0 + 3 * BCOL, BR, BCOL)
 
 
 @triton.jit
@@ -79,10 +75,10 @@ def chunk_grams(k, T, i_tc0, Hg: tl.constexpr, K: tl.constexpr, BC: tl.constexpr
     b_A32 = tl.zeros([BC, BC], dtype=tl.float32)
     b_A33 = tl.zeros([BC, BC], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_k0 = tl.load(tile_ptr(k, T, K, Hg * K, i_tc0, i_k * BK, BC, BK), boundary_check=(0, 1))
-        b_k1 = tl.load(tile_ptr(k, T, K, Hg * K, i_tc1, i_k * BK, BC, BK), boundary_check=(0, 1))
-        b_k2 = tl.load(tile_ptr(k, T, K, Hg * K, i_tc2, i_k * BK, BC, BK), boundary_check=(0, 1))
-        b_k3 = tl.load(tile_ptr(k, T, K, Hg * K, i_tc3, i_k * BK, BC, BK), boundary_check=(0, 1))
+        b_k0 = load_tile(k, T, K, Hg * K, i_tc0, i_k * BK, BC, BK)
+        b_k1 = load_tile(k, T, K, Hg * K, i_tc1, i_k * BK, BC, BK)
+        b_k2 = load_tile(k, T, K, Hg * K, i_tc2, i_k * BK, BC, BK)
+        b_k3 = load_tile(k, T, K, Hg * K, i_tc3, i_k * BK, BC, BK)
         b_A00 = tl.dot(b_k0, tl.trans(b_k0), b_A00)
         b_A10 = tl.dot(b_k1, tl.trans(b_k0), b_A10)
         b_A11 = tl.dot(b_k1, tl.trans(b_k1), b_A11)

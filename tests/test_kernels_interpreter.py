@@ -113,9 +113,7 @@ def test_padded_work_list(path, record_errors):
                                   "split_gate_exp", "fused_gate_exp",
                                   "split_mask_before", "fused_mask_before",
                                   "split_gates_one_load", "fused_gates_one_load",
-                                  "split_gates_split_late", "fused_gates_split_late",
-                                  "split_k_plain_pointers", "fused_k_plain_pointers",
-                                  "split_plain_loads", "fused_plain_loads"])
+                                  "split_gates_split_late", "fused_gates_split_late"])
 @pytest.mark.parametrize("use_g", [True, False])
 def test_benchmark_kernel_variant(name, use_g, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are
