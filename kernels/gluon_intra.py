@@ -45,9 +45,11 @@ layout ``TILE``), scalars, outputs, constexprs. ``TMA=False`` is a variant witho
 (cp.async loads, stores staged in shared memory: any ``T``, but 0.41
 against 0.38 ms at the headline, session 17).
 
-Triton 3.6 (the GPU machine's) and 3.8 compile it; 3.8 renamed
-``gl.thread_barrier`` to ``gl.barrier`` (``partition_barrier`` below).
-``TRITON_INTERPRET=1`` does not run Gluon kernels.
+Triton 3.6 (the GPU machine's, the only one it has run on) to 3.9 compile it
+for sm_90a (docs/triton_versions.md): 3.7 renamed ``gl.thread_barrier`` to
+``gl.barrier`` (``partition_barrier`` below), 3.9 removed the copies' old
+names and ``_reinterpret`` (``cp_async_load``, ``tma_load``, ``tma_store``,
+``PUBLIC_REINTERPRET``). ``TRITON_INTERPRET=1`` does not run Gluon kernels.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -62,12 +64,23 @@ BX = gl.constexpr(64)  # the w/u output tiles' columns (two per matrix at K = V 
 # the descriptors with it)
 TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 
+# The asynchronous copies' new names (same arguments), from triton 3.8: cp.async
+# ``async_copy_global_to_shared`` is ``async_load``, the TMA copies
+# ``async_copy_global_to_shared`` and ``async_copy_shared_to_global`` are
+# ``tma.async_load`` and ``tma.async_store``; 3.9 made the old names raise,
+# 3.6 and 3.7 have only those.
+cp_async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
+tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
+tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
+# triton 3.9 renamed shared_memory_descriptor._reinterpret to reinterpret
+PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
 if hasattr(gl, "thread_barrier"):  # triton 3.6
     @gluon.jit
     def partition_barrier():
         """Barrier of the calling partition's warps."""
         gl.thread_barrier()
-else:  # triton 3.8
+else:  # triton >= 3.7
     @gluon.jit
     def partition_barrier():
         """Barrier of the calling partition's warps."""
@@ -168,7 +181,7 @@ def issue_k(k, kb, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.const
     ptr = k + ((row0[:, None, None] + o1[None, :, None]) * Hg + (i_h // (H // Hg))[:, None, None]) * K \
         + o2[None, None, :]
     m = (o1[None, :, None] < n[:, None, None]) & (j < n_local)[:, None, None]
-    async_copy.async_copy_global_to_shared(kb, ptr, mask=m)
+    cp_async_load(kb, ptr, mask=m)
     async_copy.commit_group()
 
 
@@ -207,7 +220,10 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
     n_local = gl.cdiv(n_tasks - pid, nprog)
     n_groups = gl.cdiv(n_local, 4)
     # the four [64, 64] A slots as one [4, 64, 64] view, one slot per warp
-    slots = a_ring._reinterpret(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
+    if PUBLIC_REINTERPRET:
+        slots = a_ring.reinterpret(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
+    else:
+        slots = a_ring._reinterpret(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
     if MODE != 2:
         issue_k(k, kb, 0, pid, nprog, n_local, T, NTC, H, Hg, K, ld)
         gb_next = load_gates(g, beta, 0, pid, nprog, n_local, T, NTC, H, rowL)
@@ -366,8 +382,8 @@ def issue_kv(k_desc, v_desc, bar, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: 
     i_h, i_tc0, bos = task_at(t, T, NTC, H)
     row = (bos + i_tc0).to(gl.int32)
     mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [row, (i_h // (H // Hg)) * K], bar, k_buf)
-    tma.async_copy_global_to_shared(v_desc, [row, i_h * V], bar, v_buf)
+    tma_load(k_desc, [row, (i_h // (H // Hg)) * K], bar, k_buf)
+    tma_load(v_desc, [row, i_h * V], bar, v_buf)
 
 
 @gluon.jit
@@ -382,8 +398,8 @@ def copy_kv(k, v, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: gl.constexpr, K:
     c = gl.arange(0, K, layout=gl.SliceLayout(0, lay))
     rows = (bos + i_tc0 + r)[:, None]
     m = (i_tc0 + r < T)[:, None] & (c < K)[None, :]
-    async_copy.async_copy_global_to_shared(k_buf, k + (rows * Hg + i_h // (H // Hg)) * K + c[None, :], mask=m)
-    async_copy.async_copy_global_to_shared(v_buf, v + (rows * H + i_h) * V + c[None, :], mask=m)
+    cp_async_load(k_buf, k + (rows * Hg + i_h // (H // Hg)) * K + c[None, :], mask=m)
+    cp_async_load(v_buf, v + (rows * H + i_h) * V + c[None, :], mask=m)
     async_copy.commit_group()
 
 
@@ -398,8 +414,8 @@ def copy_gates(g, beta, b_buf, g_buf, t, T, NTC, H: gl.constexpr, valid):
     o = gl.arange(0, BT, layout=lay)
     off = (bos + i_tc0 + o) * H + i_h
     m = (i_tc0 + o < T) & valid
-    async_copy.async_copy_global_to_shared(b_buf, beta + off, mask=m)
-    async_copy.async_copy_global_to_shared(g_buf, g + off, mask=m)
+    cp_async_load(b_buf, beta + off, mask=m)
+    cp_async_load(g_buf, g + off, mask=m)
     async_copy.commit_group()
 
 
@@ -497,10 +513,10 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
                     fence_async_shared()
                     partition_barrier()
                     row = (bos + i_tc0).to(gl.int32)
-                    tma.async_copy_shared_to_global(u_desc, [row, i_h * V], v0s)
-                    tma.async_copy_shared_to_global(u_desc, [row, i_h * V + BX], v1s)
-                    tma.async_copy_shared_to_global(w_desc, [row, i_h * K], k0s)
-                    tma.async_copy_shared_to_global(w_desc, [row, i_h * K + BX], k1s)
+                    tma_store(u_desc, [row, i_h * V], v0s)
+                    tma_store(u_desc, [row, i_h * V + BX], v1s)
+                    tma_store(w_desc, [row, i_h * K], k0s)
+                    tma_store(w_desc, [row, i_h * K + BX], k1s)
                 else:
                     partition_barrier()
                     store_staged(u, v0s, T, bos, i_h, H, V, i_tc0, 0)
