@@ -14,12 +14,12 @@ The math is SPEC.md's, the block structure the seed's:
   three merges of two blocks into one (4x4, 8x8, 16x16), each two small dots
   (``unit_lower.unit_lower_inverse_by_halving``), where the seed runs 14
   dependent steps of forward substitution with row reductions (H200,
-  headline shape, split path, torch do_bench: 0.425 ms against 0.463 with
-  the substitution, session 11);
+  triton 3.6, headline shape, split path, torch do_bench: 0.425 ms against
+  0.463 with the substitution);
 - the seed's block merge for the six blocks below the diagonal;
 - the halving's and the merge's 16x16 dots with their inner index permuted
   (``unit_lower.block_dot``: fewer layout conversions; 0.412 against 0.429 ms,
-  session 13);
+  H200, triton 3.6);
 - ``A`` stored whole (the six upper blocks as zeros, so the launcher need not
   zero-fill it), then read back as one 64x64 tile from L2 for ``u`` and ``w``.
 
@@ -99,8 +99,8 @@ def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.
     the sequence's first row and one value head. ``g`` in base 2 makes each gate
     factor one ``ex2`` (:func:`gate`): the scaling is done once per row, not
     once per element (sm_90a, split's ``A`` kernel: 2752 instructions against
-    3152; H200 headline, torch do_bench: split 0.399 against 0.409 ms, one
-    kernel 0.465 against 0.497, session 13). It rounds ``g`` once more: an
+    3152; H200, triton 3.6, headline, torch do_bench: split 0.399 against
+    0.409 ms, one kernel 0.465 against 0.497). It rounds ``g`` once more: an
     absolute error of about ``|g| 2^-24`` in the exponent, the size of ``g``'s own
     float32 rounding (and ``|g|`` past 2.3e38 overflows where it did not)."""
     i_tc1 = i_tc0 + BC
@@ -194,7 +194,7 @@ def store_chunk_A(k, g, beta, A, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: tl.con
     reads key head ``i_h // (H // Hg)``). ``beta`` and ``g`` are loaded before the ``k k^T`` loop:
     their latency hides behind it (loaded after it, ptxas needs 185 registers
     instead of 234 at BK=64, 1 warp, but the split path took 0.498 ms instead
-    of 0.481 at the headline shape, H200, session 6)."""
+    of 0.481 at the headline shape, H200, triton 3.6)."""
     k, g, beta, A = at_head(k, g, beta, A, bos, i_h, H, Hg, K, BT)
     b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)
     b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(

@@ -6,8 +6,9 @@ one is the split path's math (``fused_intra.gdn_fwd_intra_A_kernel``, then
 ``recompute_w_u.recompute_w_u_fwd_kernel``) with both stages running at once
 on every SM, so that the ``A`` build (latency-bound, one warp per chunk) hides
 under the ``w``/``u`` traffic (bandwidth-bound). Written from the probe of
-``benchmarks/gluon_ws_probe.py`` (sessions 15 and 16, NOTES), which keeps the
-ablations.
+``benchmarks/gluon_ws_probe.py`` (benchmarks/NOTES.md), which keeps the
+ablations. Timings below: H200, triton 3.6, torch do_bench at the headline
+shape unless named.
 
 One persistent CTA per SM (grid = min(tasks, SMs)), 12 warps; a *task* is
 one (64-row chunk, value head, batch row), value head fastest:
@@ -43,7 +44,7 @@ descriptors (made by the launcher: kernel parameters, which jaxlib encodes
 per launch from jax-triton's ``TensorDescriptor``, with the shared-memory
 layout ``TILE``), scalars, outputs, constexprs. ``TMA=False`` is a variant without descriptors
 (cp.async loads, stores staged in shared memory: any ``T``, but 0.41
-against 0.38 ms at the headline, session 17).
+against 0.38 ms at the headline).
 
 Triton 3.6 (the GPU machine's, the only one it has run on) to 3.9 compile it
 for sm_90a (docs/triton_versions.md): 3.7 renamed ``gl.thread_barrier`` to
@@ -101,14 +102,14 @@ def task_at(t, T, NTC, H: gl.constexpr):
 # out one index per warp, so each warp builds its own task's A as a one-warp
 # program would. One code copy for the four: four one-warp partitions compiled
 # to four copies of the builder, and Nsight Compute put 44% of the stall
-# samples on instruction fetch (session 15).
+# samples on instruction fetch (H200, triton 3.6).
 
 @gluon.jit
 def dot32(a, b):
     """Batched ``a @ b`` of ``[4, 16, 16]`` float32 blocks in the builders' mma
     layout (tf32), the inner index ``k = 8a + 2t + j`` read as ``8a + 4j + t``
     in both operands as ``unit_lower.block_dot`` does (the same sum in another
-    order; half the operand shuffles: 216 SHFL against 432, session 16)."""
+    order; half the operand shuffles: 216 SHFL against 432, sm_90a, triton 3.6)."""
     mma: gl.constexpr = a.type.layout
     acc = gl.zeros([4, 16, 16], gl.float32, mma)
     a = gl.reshape(gl.permute(gl.reshape(a, [4, 16, 2, 4, 2]), (0, 1, 2, 4, 3)), [4, 16, 16])
@@ -244,7 +245,7 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
             Tb = bos + T  # the batch row's end, as a row index
             # this group's gates, loaded a group ahead (loaded here, their latency
             # under the w/u traffic stalled the builders: 0.253 against 0.274 ms
-            # for the builders alone, session 16); [4, 16] per 16-row block
+            # for the builders alone); [4, 16] per 16-row block
             gb = gb_next
             gb_next = load_gates(g, beta, q + 1, pid, nprog, n_local, T, NTC, H, rowL)
             g_r0 = gb[0] * LOG2E  # g in base 2
@@ -300,7 +301,7 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
 
             # Every block is computed and stored to HBM before the ring slots are
             # awaited, so only the shared-memory stores wait for the w/u partitions
-            # (waiting first made the two take turns: 0.416 ms against 0.396, session 15).
+            # (waiting first made the two take turns: 0.416 ms against 0.396).
             m_d = r > c
             Ai00 = inverse_by_halving(gl.where(m_d, gate(A00, g_r0, g_c0, b_r0), 0.0), r, c)
             h00 = store_block(A, rows0, i_h, Tb, valid, 0, 0, Ai00, r, c, H)
@@ -432,7 +433,7 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
     (``copy_kv``), awaited and fenced for the warpgroup MMAs at the start of
     the iteration, before the next task's copies are issued, and the results
     of whole chunks written over the slot and stored from it as 16-byte
-    vectors (session 17: 0.415 to 0.423 ms against TMA's 0.381 at the
+    vectors (0.415 to 0.423 ms against TMA's 0.381 at the
     headline; awaiting the copies after loading ``A`` or after the MMAs,
     and storing from the accumulators, were slower: NOTES). A partial last
     chunk: masked stores from the accumulators."""
@@ -557,7 +558,7 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T,
     launcher (kernel parameters); ``w`` and ``u`` are then written through
     their pointers only in a partial last chunk, which such launches
     exclude. Without ``TMA`` the ``*_desc`` arguments are unused pointers.
-    (Session 16 made the descriptors here, on the device: they lived in
+    (Descriptors made here, on the device, lived in
     global scratch, which jaxlib allocates on every launch and XLA's CUDA
     graphs refuse.)"""
     gl.static_assert((K == 128) & (V == 128))
@@ -565,7 +566,7 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T,
         # T % 64 == 0 with TMA: said to the compiler as Triton's launcher says it
         # (a scalar divisible by 16 is specialized so), which jax-triton does not:
         # 5824 SASS instructions from either launcher, against 6120 from JAX
-        # before; 0.377 against 0.380 ms under torch (H200, session 18)
+        # before; 0.377 against 0.380 ms under torch
         T = (T // 16) * 16
     # shared memory: 32 KB of A slots, 64 KB of key tiles, 4 x 32 KB of k/v slots,
     # gates and barriers: 226 of the H200's 227 KB
