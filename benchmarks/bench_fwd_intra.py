@@ -334,7 +334,7 @@ _MASK_BEFORE = _replace((
     "    b_C = tl.where(((r // (2 * S)) == (c // (2 * S))) & ((r // S) != (c // S)), b_N, 0.0)\n"
     "    b_YC = block_dot(b_Y, b_C, P)\n"))
 
-# fused_intra.chunk_gates' eight 16-row loads of beta and g (block pointers,
+# fused_intra.chunk_gates' eight 16-row loads of beta and g (tiles.load_rows,
 # each loaded in the layout of the gate products that use it)
 _GATE_LOADS = (
     "    i_tc1 = i_tc0 + BC\n    i_tc2 = i_tc0 + 2 * BC\n    i_tc3 = i_tc0 + 3 * BC\n"
@@ -364,9 +364,10 @@ def _gate_vectors(late: bool):
     """A change of fused_intra.py: ``beta`` and ``g`` each loaded as one
     64-row vector (two values per thread, ``load_vec``) and cut into the four
     16-row pieces by reshape / split (``quarters``), instead of eight 16-row
-    block-pointer loads (sm_90a, split's ``A`` kernel: 2392 instructions and
-    226 registers against 2664 and 220). ``late``: the vectors loaded before
-    the ``k k^T`` loop but cut after it (2440 instructions, 222 registers)."""
+    loads (``tiles.load_rows``; measured when those were block-pointer loads,
+    sm_90a, split's ``A`` kernel: 2392 instructions and 226 registers against
+    2664 and 220). ``late``: the vectors loaded before the ``k k^T`` loop but
+    cut after it (2440 instructions, 222 registers)."""
     def change(src: str) -> str:
         if late:  # chunk_gates returns the two whole vectors, cut in store_chunk_A
             loads = ("    b_b0 = load_vec(beta, T, H, i_tc0, BC)\n"
@@ -390,31 +391,8 @@ def _gate_vectors(late: bool):
     return change
 
 
-def _k_plain_pointers(src: str) -> str:
-    """chunk_grams' four ``k`` tiles loaded through plain pointers: 64-bit
-    row offsets but 32-bit row masks, where the block pointers check their
-    bounds in 64 bits."""
-    src = _replace(*[
-        (f"        b_k{i} = tl.load(tile_ptr(k, T, K, Hg * K, i_tc{i}, i_k * BK, BC, BK), boundary_check=(0, 1))\n",
-         f"        b_k{i} = load_k_tile(k, T, i_tc{i}, i_k * BK, Hg * K, K, BC, BK)\n") for i in range(4)])(src)
-    return _insert_before(src, "chunk_grams", """
-@triton.jit
-def load_k_tile(k, T, r0, c0, stride, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
-    r = r0 + tl.arange(0, BC)
-    c = c0 + tl.arange(0, BK)
-    return tl.load(k + r.to(tl.int64)[:, None] * stride + c[None, :],
-                   mask=(r < T)[:, None] & (c < K)[None, :], other=0.0)
-
-""")
-
-
 _GATES_ONE_LOAD = _gate_vectors(late=False)
 _GATES_SPLIT_LATE = _gate_vectors(late=True)
-
-
-def _plain_loads(src: str) -> str:
-    """Both: the gates as two vectors and the ``k`` tiles through plain pointers."""
-    return _k_plain_pointers(_GATES_ONE_LOAD(src))
 
 
 VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage: STAGES)
@@ -457,10 +435,6 @@ VARIANTS = {  # name: (change of the source of the stage's kernels/ file, stage:
     "fused_gates_one_load": (_GATES_ONE_LOAD, "fused"),
     "split_gates_split_late": (_GATES_SPLIT_LATE, "split"),
     "fused_gates_split_late": (_GATES_SPLIT_LATE, "fused"),
-    "split_k_plain_pointers": (_k_plain_pointers, "split"),
-    "fused_k_plain_pointers": (_k_plain_pointers, "fused"),
-    "split_plain_loads": (_plain_loads, "split"),
-    "fused_plain_loads": (_plain_loads, "fused"),
     "split_maxnreg128": (_max_registers(128), "split"),
     "split_maxnreg168": (_max_registers(168), "split"),
     # ablations (wrong results; timing only): the split path with one stage of

@@ -12,7 +12,7 @@ from .kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_ker
 from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
 from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
 from .autotune import UNTUNED
-from .triton_launch import BC, _block, head_fastest_grid, wu_blocks
+from .triton_launch import BC, _block, check_seed_triton, head_fastest_grid, wu_blocks
 
 
 def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None):
@@ -48,6 +48,8 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
 
     if path == "gluon":  # fixed length only (gluon_launch.input_mismatch)
         return fwd_intra_gluon_torch(k, v, g, beta)
+    if path == "seed":
+        check_seed_triton("fwd_intra_torch")
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     BT = chunk_size

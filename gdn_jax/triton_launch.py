@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import warnings
 
 import jax
@@ -40,6 +41,41 @@ def check_grid(path: str, grid, names) -> None:
                 f"limit of {limit} for that grid dimension; split the call (e.g. over batch "
                 f"rows), or pack the rows into one sequence with cu_seqlens"
             )
+
+
+# The seed's kernel (kernels/kkt_solve.py) keeps the seed's source, which
+# builds its tiles with tl.make_block_ptr: triton 3.9 removed block pointers
+# (compiling the kernel raises "Block pointers have been removed in favor of
+# the tensor descriptor API"; importing the module still works).
+SEED_TRITON_BELOW = (3, 9)
+
+
+def triton_version() -> tuple[int, int]:
+    """``(major, minor)`` of the installed triton."""
+    import triton
+
+    return tuple(int(n) for n in re.match(r"(\d+)\.(\d+)", triton.__version__).groups())
+
+
+def seed_triton_missing() -> str | None:
+    """Why the installed triton cannot compile the seed's kernel, naming the
+    triton it needs, or None where it can."""
+    if triton_version() < SEED_TRITON_BELOW:
+        return None
+    import triton
+
+    need = ".".join(map(str, SEED_TRITON_BELOW))
+    return (f"the seed's own kernel (kernels/kkt_solve.py) uses tl.make_block_ptr, removed in "
+            f"triton {need}: it needs triton >= 3.6 and < {need}, this is triton {triton.__version__}")
+
+
+def check_seed_triton(op: str) -> None:
+    """For ``impl="seed"``: RuntimeError where the installed triton cannot
+    compile the seed's kernel (:func:`seed_triton_missing`), before any launch."""
+    missing = seed_triton_missing()
+    if missing:
+        raise RuntimeError(f"{op}: impl='seed' cannot run here: {missing}; impl='split', 'triton' "
+                           f"or 'auto' run the same math on triton 3.6 to 3.9")
 
 
 @functools.cache
@@ -181,6 +217,8 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     (:func:`gdn_jax.chunk_indices.varlen_work_list`); shapes and dtypes as
     :func:`gdn_jax.fwd_intra`.
     """
+    if path == "seed":
+        check_seed_triton("fwd_intra")
     check_kernel_dtypes("fwd_intra", k=k, v=v, g=g, beta=beta)
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]

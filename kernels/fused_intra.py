@@ -14,12 +14,12 @@ The math is SPEC.md's, the block structure the seed's:
   three merges of two blocks into one (4x4, 8x8, 16x16), each two small dots
   (``unit_lower.unit_lower_inverse_by_halving``), where the seed runs 14
   dependent steps of forward substitution with row reductions (H200,
-  headline shape, split path, torch do_bench: 0.425 ms against 0.463 with
-  the substitution, session 11);
+  triton 3.6, headline shape, split path, torch do_bench: 0.425 ms against
+  0.463 with the substitution);
 - the seed's block merge for the six blocks below the diagonal;
 - the halving's and the merge's 16x16 dots with their inner index permuted
   (``unit_lower.block_dot``: fewer layout conversions; 0.412 against 0.429 ms,
-  session 13);
+  H200, triton 3.6);
 - ``A`` stored whole (the six upper blocks as zeros, so the launcher need not
   zero-fill it), then read back as one 64x64 tile from L2 for ``u`` and ``w``.
 
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .safe_exp import LOG2E, safe_exp2
-from .tiles import at_head, load_rows, program_chunk, store_w_u, tile_ptr
+from .tiles import at_head, load_rows, load_tile, program_chunk, store_tile, store_w_u
 from .unit_lower import block_dot, unit_lower_inverse_by_halving
 
 
@@ -46,17 +46,13 @@ def gate(b_A, g_r, g_c, beta_r, USE_G: tl.constexpr):
 
 
 @triton.jit
-def store_row_block(ptr, T, C, stride, r0, c0, b_0, b_1, b_2, b_3, BR: tl.constexpr,
+def store_row_block(ptr, T, C: tl.constexpr, stride, r0, c0, b_0, b_1, b_2, b_3, BR: tl.constexpr,
                     BCOL: tl.constexpr):
     """Store four ``[BR, BCOL]`` tiles side by side from column ``c0`` of row block ``r0``."""
-    tl.store(tile_ptr(ptr, T, C, stride, r0, c0, BR, BCOL), b_0.to(ptr.dtype.element_ty),
-             boundary_check=(0, 1))
-    tl.store(tile_ptr(ptr, T, C, stride, r0, c0 + BCOL, BR, BCOL), b_1.to(ptr.dtype.element_ty),
-             boundary_check=(0, 1))
-    tl.store(tile_ptr(ptr, T, C, stride, r0, c0 + 2 * BCOL, BR, BCOL),
-             b_2.to(ptr.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(tile_ptr(ptr, T, C, stride, r0, c0 + 3 * BCOL, BR, BCOL),
-             b_3.to(ptr.dtype.element_ty), boundary_check=(0, 1))
+    store_tile(ptr, b_0, T, C, stride, r0, c0, BR, BCOL)
+    store_tile(ptr, b_1, T, C, stride, r0, c0 + BCOL, BR, BCOL)
+    store_tile(ptr, b_2, T, C, stride, r0, c0 + 2 * BCOL, BR, BCOL)
+    store_tile(ptr, b_3, T, C, stride, r0, c0 + 3 * BCOL, BR, BCOL)
 
 
 @triton.jit
@@ -79,10 +75,10 @@ def chunk_grams(k, T, i_tc0, Hg: tl.constexpr, K: tl.constexpr, BC: tl.constexpr
     b_A32 = tl.zeros([BC, BC], dtype=tl.float32)
     b_A33 = tl.zeros([BC, BC], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_k0 = tl.load(tile_ptr(k, T, K, Hg * K, i_tc0, i_k * BK, BC, BK), boundary_check=(0, 1))
-        b_k1 = tl.load(tile_ptr(k, T, K, Hg * K, i_tc1, i_k * BK, BC, BK), boundary_check=(0, 1))
-        b_k2 = tl.load(tile_ptr(k, T, K, Hg * K, i_tc2, i_k * BK, BC, BK), boundary_check=(0, 1))
-        b_k3 = tl.load(tile_ptr(k, T, K, Hg * K, i_tc3, i_k * BK, BC, BK), boundary_check=(0, 1))
+        b_k0 = load_tile(k, T, K, Hg * K, i_tc0, i_k * BK, BC, BK)
+        b_k1 = load_tile(k, T, K, Hg * K, i_tc1, i_k * BK, BC, BK)
+        b_k2 = load_tile(k, T, K, Hg * K, i_tc2, i_k * BK, BC, BK)
+        b_k3 = load_tile(k, T, K, Hg * K, i_tc3, i_k * BK, BC, BK)
         b_A00 = tl.dot(b_k0, tl.trans(b_k0), b_A00)
         b_A10 = tl.dot(b_k1, tl.trans(b_k0), b_A10)
         b_A11 = tl.dot(b_k1, tl.trans(b_k1), b_A11)
@@ -103,8 +99,8 @@ def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.
     the sequence's first row and one value head. ``g`` in base 2 makes each gate
     factor one ``ex2`` (:func:`gate`): the scaling is done once per row, not
     once per element (sm_90a, split's ``A`` kernel: 2752 instructions against
-    3152; H200 headline, torch do_bench: split 0.399 against 0.409 ms, one
-    kernel 0.465 against 0.497, session 13). It rounds ``g`` once more: an
+    3152; H200, triton 3.6, headline, torch do_bench: split 0.399 against
+    0.409 ms, one kernel 0.465 against 0.497). It rounds ``g`` once more: an
     absolute error of about ``|g| 2^-24`` in the exponent, the size of ``g``'s own
     float32 rounding (and ``|g|`` past 2.3e38 overflows where it did not)."""
     i_tc1 = i_tc0 + BC
@@ -198,7 +194,7 @@ def store_chunk_A(k, g, beta, A, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: tl.con
     reads key head ``i_h // (H // Hg)``). ``beta`` and ``g`` are loaded before the ``k k^T`` loop:
     their latency hides behind it (loaded after it, ptxas needs 185 registers
     instead of 234 at BK=64, 1 warp, but the split path took 0.498 ms instead
-    of 0.481 at the headline shape, H200, session 6)."""
+    of 0.481 at the headline shape, H200, triton 3.6)."""
     k, g, beta, A = at_head(k, g, beta, A, bos, i_h, H, Hg, K, BT)
     b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)
     b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(

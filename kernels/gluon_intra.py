@@ -6,8 +6,9 @@ one is the split path's math (``fused_intra.gdn_fwd_intra_A_kernel``, then
 ``recompute_w_u.recompute_w_u_fwd_kernel``) with both stages running at once
 on every SM, so that the ``A`` build (latency-bound, one warp per chunk) hides
 under the ``w``/``u`` traffic (bandwidth-bound). Written from the probe of
-``benchmarks/gluon_ws_probe.py`` (sessions 15 and 16, NOTES), which keeps the
-ablations.
+``benchmarks/gluon_ws_probe.py`` (benchmarks/NOTES.md), which keeps the
+ablations. Timings below: H200, triton 3.6, torch do_bench at the headline
+shape unless named.
 
 One persistent CTA per SM (grid = min(tasks, SMs)), 12 warps; a *task* is
 one (64-row chunk, value head, batch row), value head fastest:
@@ -43,11 +44,13 @@ descriptors (made by the launcher: kernel parameters, which jaxlib encodes
 per launch from jax-triton's ``TensorDescriptor``, with the shared-memory
 layout ``TILE``), scalars, outputs, constexprs. ``TMA=False`` is a variant without descriptors
 (cp.async loads, stores staged in shared memory: any ``T``, but 0.41
-against 0.38 ms at the headline, session 17).
+against 0.38 ms at the headline).
 
-Triton 3.6 (the GPU machine's) and 3.8 compile it; 3.8 renamed
-``gl.thread_barrier`` to ``gl.barrier`` (``partition_barrier`` below).
-``TRITON_INTERPRET=1`` does not run Gluon kernels.
+Triton 3.6 (the GPU machine's, the only one it has run on) to 3.9 compile it
+for sm_90a (docs/triton_versions.md): 3.7 renamed ``gl.thread_barrier`` to
+``gl.barrier`` (``partition_barrier`` below), 3.9 removed the copies' old
+names and ``_reinterpret`` (``cp_async_load``, ``tma_load``, ``tma_store``,
+``PUBLIC_REINTERPRET``). ``TRITON_INTERPRET=1`` does not run Gluon kernels.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -62,12 +65,23 @@ BX = gl.constexpr(64)  # the w/u output tiles' columns (two per matrix at K = V 
 # the descriptors with it)
 TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 
+# The asynchronous copies' new names (same arguments), from triton 3.8: cp.async
+# ``async_copy_global_to_shared`` is ``async_load``, the TMA copies
+# ``async_copy_global_to_shared`` and ``async_copy_shared_to_global`` are
+# ``tma.async_load`` and ``tma.async_store``; 3.9 made the old names raise,
+# 3.6 and 3.7 have only those.
+cp_async_load = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
+tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
+tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
+# triton 3.9 renamed shared_memory_descriptor._reinterpret to reinterpret
+PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
 if hasattr(gl, "thread_barrier"):  # triton 3.6
     @gluon.jit
     def partition_barrier():
         """Barrier of the calling partition's warps."""
         gl.thread_barrier()
-else:  # triton 3.8
+else:  # triton >= 3.7
     @gluon.jit
     def partition_barrier():
         """Barrier of the calling partition's warps."""
@@ -88,14 +102,14 @@ def task_at(t, T, NTC, H: gl.constexpr):
 # out one index per warp, so each warp builds its own task's A as a one-warp
 # program would. One code copy for the four: four one-warp partitions compiled
 # to four copies of the builder, and Nsight Compute put 44% of the stall
-# samples on instruction fetch (session 15).
+# samples on instruction fetch (H200, triton 3.6).
 
 @gluon.jit
 def dot32(a, b):
     """Batched ``a @ b`` of ``[4, 16, 16]`` float32 blocks in the builders' mma
     layout (tf32), the inner index ``k = 8a + 2t + j`` read as ``8a + 4j + t``
     in both operands as ``unit_lower.block_dot`` does (the same sum in another
-    order; half the operand shuffles: 216 SHFL against 432, session 16)."""
+    order; half the operand shuffles: 216 SHFL against 432, sm_90a, triton 3.6)."""
     mma: gl.constexpr = a.type.layout
     acc = gl.zeros([4, 16, 16], gl.float32, mma)
     a = gl.reshape(gl.permute(gl.reshape(a, [4, 16, 2, 4, 2]), (0, 1, 2, 4, 3)), [4, 16, 16])
@@ -168,7 +182,7 @@ def issue_k(k, kb, q, pid, nprog, n_local, T, NTC, H: gl.constexpr, Hg: gl.const
     ptr = k + ((row0[:, None, None] + o1[None, :, None]) * Hg + (i_h // (H // Hg))[:, None, None]) * K \
         + o2[None, None, :]
     m = (o1[None, :, None] < n[:, None, None]) & (j < n_local)[:, None, None]
-    async_copy.async_copy_global_to_shared(kb, ptr, mask=m)
+    cp_async_load(kb, ptr, mask=m)
     async_copy.commit_group()
 
 
@@ -207,7 +221,10 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
     n_local = gl.cdiv(n_tasks - pid, nprog)
     n_groups = gl.cdiv(n_local, 4)
     # the four [64, 64] A slots as one [4, 64, 64] view, one slot per warp
-    slots = a_ring._reinterpret(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
+    if PUBLIC_REINTERPRET:
+        slots = a_ring.reinterpret(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
+    else:
+        slots = a_ring._reinterpret(gl.bfloat16, [4, BT, BT], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0]))
     if MODE != 2:
         issue_k(k, kb, 0, pid, nprog, n_local, T, NTC, H, Hg, K, ld)
         gb_next = load_gates(g, beta, 0, pid, nprog, n_local, T, NTC, H, rowL)
@@ -228,7 +245,7 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
             Tb = bos + T  # the batch row's end, as a row index
             # this group's gates, loaded a group ahead (loaded here, their latency
             # under the w/u traffic stalled the builders: 0.253 against 0.274 ms
-            # for the builders alone, session 16); [4, 16] per 16-row block
+            # for the builders alone); [4, 16] per 16-row block
             gb = gb_next
             gb_next = load_gates(g, beta, q + 1, pid, nprog, n_local, T, NTC, H, rowL)
             g_r0 = gb[0] * LOG2E  # g in base 2
@@ -284,7 +301,7 @@ def builder_partition(k, g, beta, A, kb, a_ring, ready, empty, T, n_tasks, NTC, 
 
             # Every block is computed and stored to HBM before the ring slots are
             # awaited, so only the shared-memory stores wait for the w/u partitions
-            # (waiting first made the two take turns: 0.416 ms against 0.396, session 15).
+            # (waiting first made the two take turns: 0.416 ms against 0.396).
             m_d = r > c
             Ai00 = inverse_by_halving(gl.where(m_d, gate(A00, g_r0, g_c0, b_r0), 0.0), r, c)
             h00 = store_block(A, rows0, i_h, Tb, valid, 0, 0, Ai00, r, c, H)
@@ -366,8 +383,8 @@ def issue_kv(k_desc, v_desc, bar, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: 
     i_h, i_tc0, bos = task_at(t, T, NTC, H)
     row = (bos + i_tc0).to(gl.int32)
     mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [row, (i_h // (H // Hg)) * K], bar, k_buf)
-    tma.async_copy_global_to_shared(v_desc, [row, i_h * V], bar, v_buf)
+    tma_load(k_desc, [row, (i_h // (H // Hg)) * K], bar, k_buf)
+    tma_load(v_desc, [row, i_h * V], bar, v_buf)
 
 
 @gluon.jit
@@ -382,8 +399,8 @@ def copy_kv(k, v, k_buf, v_buf, t, T, NTC, H: gl.constexpr, Hg: gl.constexpr, K:
     c = gl.arange(0, K, layout=gl.SliceLayout(0, lay))
     rows = (bos + i_tc0 + r)[:, None]
     m = (i_tc0 + r < T)[:, None] & (c < K)[None, :]
-    async_copy.async_copy_global_to_shared(k_buf, k + (rows * Hg + i_h // (H // Hg)) * K + c[None, :], mask=m)
-    async_copy.async_copy_global_to_shared(v_buf, v + (rows * H + i_h) * V + c[None, :], mask=m)
+    cp_async_load(k_buf, k + (rows * Hg + i_h // (H // Hg)) * K + c[None, :], mask=m)
+    cp_async_load(v_buf, v + (rows * H + i_h) * V + c[None, :], mask=m)
     async_copy.commit_group()
 
 
@@ -398,8 +415,8 @@ def copy_gates(g, beta, b_buf, g_buf, t, T, NTC, H: gl.constexpr, valid):
     o = gl.arange(0, BT, layout=lay)
     off = (bos + i_tc0 + o) * H + i_h
     m = (i_tc0 + o < T) & valid
-    async_copy.async_copy_global_to_shared(b_buf, beta + off, mask=m)
-    async_copy.async_copy_global_to_shared(g_buf, g + off, mask=m)
+    cp_async_load(b_buf, beta + off, mask=m)
+    cp_async_load(g_buf, g + off, mask=m)
     async_copy.commit_group()
 
 
@@ -416,7 +433,7 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
     (``copy_kv``), awaited and fenced for the warpgroup MMAs at the start of
     the iteration, before the next task's copies are issued, and the results
     of whole chunks written over the slot and stored from it as 16-byte
-    vectors (session 17: 0.415 to 0.423 ms against TMA's 0.381 at the
+    vectors (0.415 to 0.423 ms against TMA's 0.381 at the
     headline; awaiting the copies after loading ``A`` or after the MMAs,
     and storing from the accumulators, were slower: NOTES). A partial last
     chunk: masked stores from the accumulators."""
@@ -497,10 +514,10 @@ def wu_partition(k_desc, v_desc, w_desc, u_desc, k, v, g, beta, w, u, a_ring, re
                     fence_async_shared()
                     partition_barrier()
                     row = (bos + i_tc0).to(gl.int32)
-                    tma.async_copy_shared_to_global(u_desc, [row, i_h * V], v0s)
-                    tma.async_copy_shared_to_global(u_desc, [row, i_h * V + BX], v1s)
-                    tma.async_copy_shared_to_global(w_desc, [row, i_h * K], k0s)
-                    tma.async_copy_shared_to_global(w_desc, [row, i_h * K + BX], k1s)
+                    tma_store(u_desc, [row, i_h * V], v0s)
+                    tma_store(u_desc, [row, i_h * V + BX], v1s)
+                    tma_store(w_desc, [row, i_h * K], k0s)
+                    tma_store(w_desc, [row, i_h * K + BX], k1s)
                 else:
                     partition_barrier()
                     store_staged(u, v0s, T, bos, i_h, H, V, i_tc0, 0)
@@ -541,7 +558,7 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T,
     launcher (kernel parameters); ``w`` and ``u`` are then written through
     their pointers only in a partial last chunk, which such launches
     exclude. Without ``TMA`` the ``*_desc`` arguments are unused pointers.
-    (Session 16 made the descriptors here, on the device: they lived in
+    (Descriptors made here, on the device, lived in
     global scratch, which jaxlib allocates on every launch and XLA's CUDA
     graphs refuse.)"""
     gl.static_assert((K == 128) & (V == 128))
@@ -549,7 +566,7 @@ def gdn_fwd_intra_gluon_kernel(k, v, g, beta, k_desc, v_desc, w_desc, u_desc, T,
         # T % 64 == 0 with TMA: said to the compiler as Triton's launcher says it
         # (a scalar divisible by 16 is specialized so), which jax-triton does not:
         # 5824 SASS instructions from either launcher, against 6120 from JAX
-        # before; 0.377 against 0.380 ms under torch (H200, session 18)
+        # before; 0.377 against 0.380 ms under torch
         T = (T // 16) * 16
     # shared memory: 32 KB of A slots, 64 KB of key tiles, 4 x 32 KB of k/v slots,
     # gates and barriers: 226 of the H200's 227 KB

@@ -21,10 +21,10 @@ def block_dot(a, b, P: tl.constexpr):
     the same permutation and its conversion stays in shuffles. sm_90a SASS of
     the split's ``A`` kernel (triton 3.8, BK=64, 1 warp): 3152 instructions
     and 216 shuffles against 3752 and 480 with plain ``tl.dot``. H200,
-    headline shape, torch do_bench (session 13): split path 0.412 ms against
+    triton 3.6, headline shape, torch do_bench: split path 0.412 ms against
     0.429, one kernel 0.502 against 0.544. The same B permutation written as
-    ``trans(permute(trans(b)))`` went through shared memory and lost (0.454,
-    session 12). The result does not depend on the layout: at other warp
+    ``trans(permute(trans(b)))`` went through shared memory and lost
+    (0.454). The result does not depend on the layout: at other warp
     counts or with ``P="ieee"`` it is the same product, summed in another
     order."""
     tl.static_assert((a.shape[0] == 16) & (a.shape[1] == 16) & (b.shape[0] == 16) & (b.shape[1] == 16))
@@ -73,8 +73,8 @@ def unit_lower_inverses(b_N0, b_N1, b_N2, b_N3, BC: tl.constexpr):
     that the compiler can interleave, where the seed runs four loops one
     after the other (14 dependent steps each, latency-bound at 1 warp). Row
     ``i`` of ``-N`` is read from the row of the result it becomes, so the
-    ``N`` blocks need not stay alive. Replaced in the kernels by
-    :func:`unit_lower_inverses_from_transposes` in session 5 (faster); kept for
+    ``N`` blocks need not stay alive. Slower than
+    :func:`unit_lower_inverses_from_transposes`; kept for
     the benchmark variants (``seed_interleaved``, ``split_rows``,
     ``fused_rows``)."""
     o_i = tl.arange(0, BC)
@@ -112,11 +112,10 @@ def unit_lower_inverses_from_transposes(b_NT0, b_NT1, b_NT2, b_NT3, BC: tl.const
     Each step has one reduction on its dependent chain, where
     ``unit_lower_inverses`` has two and a layout conversion (it reads row ``i``
     back out of the result); unrolled, the column reads of later steps can run
-    ahead. H200, headline shape, split path (torch ``do_bench``): 0.551 ms with
-    ``unit_lower_inverses``, 0.509 with this loop, 0.497 unrolled. The
-    kernels used it in sessions 5 to 10; :func:`unit_lower_inverse_by_halving`
-    replaced it (0.425 against 0.463 ms, session 11); kept for the benchmark
-    variant ``split_substitution``."""
+    ahead. H200, triton 3.6, headline shape, split path (torch ``do_bench``):
+    0.551 ms with ``unit_lower_inverses``, 0.509 with this loop, 0.497
+    unrolled. :func:`unit_lower_inverse_by_halving` is faster (0.425 against
+    0.463 ms); kept for the benchmark variant ``split_substitution``."""
     o_i = tl.arange(0, BC)
     m_I = (o_i[:, None] == o_i[None, :]).to(tl.float32)
     b_X0 = m_I

@@ -2,6 +2,8 @@
 kernel takes, the errors of ``impl="gluon"``, what ``impl="auto"`` is told,
 and the kernel source compiled for sm_90a by the installed triton (Gluon
 kernels do not run under TRITON_INTERPRET=1; GPU parity: test_gluon_gpu.py)."""
+import re
+
 import jax.numpy as jnp
 import pytest
 
@@ -107,9 +109,14 @@ def test_both_launchers_compile_the_same_kernel():
     Triton's launcher gives ``T = 4096`` (a multiple of 16) and jax-triton
     does not changes nothing: the same PTX. (Without it the two compiled
     apart, 5808 and 6120 SASS instructions under triton 3.6, sm_90a.)"""
+    def code(ptx):
+        """The PTX without its debug info, which names the source files: a
+        compile that Triton's cache holds from another checkout names that one's."""
+        return re.sub(r"^\s*\.file\s.*$", "", ptx.split("\t.section\t.debug")[0], flags=re.M)
+
     jax_like = gluon_launch.compile_offline(TMA=True).asm["ptx"]
     torch_like = gluon_launch.compile_offline(TMA=True, divisible=("T", "n_tasks", "NTC")).asm["ptx"]
-    assert jax_like == torch_like
+    assert code(jax_like) == code(torch_like)
 
 
 def test_jax_launch_aliases_the_descriptor_parameters():

@@ -10,6 +10,7 @@ import pytest
 
 import gdn_jax
 from gdn_jax.backend import cuda_available
+from gdn_jax.triton_launch import seed_triton_missing
 from inputs import as_f64, make_inputs
 from numpy_reference import INTRA_TOL, check_against_numpy, fwd_intra_numpy, max_rel_err
 
@@ -25,7 +26,9 @@ DTYPES = ["float32", "bfloat16", "float16"]
 @pytest.fixture(params=["triton", "split", "seed"])
 def impl(request):
     """Every test runs every Triton path: the one kernel, the split (A kernel,
-    then w/u) and the seed's two kernels."""
+    then w/u) and the seed's two kernels (not on triton >= 3.9)."""
+    if request.param == "seed" and seed_triton_missing():
+        pytest.skip(seed_triton_missing())
     return request.param
 
 
@@ -159,6 +162,8 @@ def test_one_kernel_path_agrees_with_seed_path(dtype):
     """Both Triton paths compute A in float32 and round it to k's dtype before
     w and u, so they differ only by float32 summation order and the rounding it
     flips: within docs/math.md's tolerances of each other, whatever float64 says."""
+    if seed_triton_missing():
+        pytest.skip(seed_triton_missing())
     cu = VARLEN[0]
     k, v, g, beta = make_inputs(11, 1, cu[-1], 2, 8, K, V, dtype, cu_seqlens=cu)
     cu_arr = jnp.asarray(cu, jnp.int32)

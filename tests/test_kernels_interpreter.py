@@ -23,6 +23,7 @@ torch = pytest.importorskip(
     "install torch (CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)")
 
 from gdn_jax.torch_launch import fwd_intra_torch  # noqa: E402
+from gdn_jax.triton_launch import seed_triton_missing  # noqa: E402
 from inputs import as_f64, make_inputs  # noqa: E402
 from numpy_reference import check_against_numpy, fwd_intra_numpy  # noqa: E402
 from repo_files import load_module  # noqa: E402
@@ -40,6 +41,8 @@ PATHS = {"seed": dict(path="seed"), "one-kernel": dict(path="fused"), "split": d
 
 
 def run(dtype, B, T, Hg, H, K, V, use_g=True, cu=None, seed=0, path=None, chunk_indices=None):
+    if path["path"] == "seed" and seed_triton_missing():  # triton >= 3.9: impl="seed" raises
+        pytest.skip(seed_triton_missing())
     k, v, g, beta = make_inputs(seed, B, T, Hg, H, K, V, dtype, use_g=use_g, cu_seqlens=cu)
     td = TORCH_DTYPES[dtype]
     outs = fwd_intra_torch(
@@ -117,9 +120,7 @@ def test_padded_work_list(path, record_errors):
                                   "split_gate_exp", "fused_gate_exp",
                                   "split_mask_before", "fused_mask_before",
                                   "split_gates_one_load", "fused_gates_one_load",
-                                  "split_gates_split_late", "fused_gates_split_late",
-                                  "split_k_plain_pointers", "fused_k_plain_pointers",
-                                  "split_plain_loads", "fused_plain_loads"])
+                                  "split_gates_split_late", "fused_gates_split_late"])
 @pytest.mark.parametrize("use_g", [True, False])
 def test_benchmark_kernel_variant(name, use_g, record_errors):
     """The benchmark's kernel variants that change how the diagonal blocks are

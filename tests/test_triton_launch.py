@@ -20,6 +20,7 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(triton_launch, "launch", record)
     monkeypatch.setattr(triton_launch, "dot_precision", lambda: "tf32")
+    monkeypatch.setattr(triton_launch, "triton_version", lambda: (3, 8))  # the seed's glue too
     monkeypatch.setenv("GDN_JAX_AUTOTUNE", "1")
     return calls
 
@@ -69,3 +70,40 @@ def test_grid_past_cuda_limit_raises_before_any_timing(launches):
     with pytest.raises(ValueError, match="70000 programs along batch rows B"):
         jax.eval_shape(lambda *a: triton_launch.fwd_intra_triton(*a, path="split"), *args)
     assert launches == []
+
+
+@pytest.mark.parametrize("version,runs", [((3, 6), True), ((3, 8), True), ((3, 9), False), ((4, 0), False)])
+def test_seed_on_a_triton_without_block_pointers_is_a_clear_error(launches, monkeypatch, version, runs):
+    """impl="seed" on triton >= 3.9 (no tl.make_block_ptr, which the seed's
+    kernel keeps): RuntimeError from both launchers, naming the triton it
+    needs, before any launch; the other paths launch as before."""
+    monkeypatch.setattr(triton_launch, "triton_version", lambda: version)
+    args, _ = abstract(2, 130)
+    seed = lambda *a: triton_launch.fwd_intra_triton(*a, path="seed")  # noqa: E731
+    if runs:
+        assert triton_launch.seed_triton_missing() is None
+        jax.eval_shape(seed, *args)
+        assert [name for name, _, _ in launches] == ["kkt_solve", "recompute_w_u"]
+        return
+    needs = r"impl='seed' cannot run here: .*make_block_ptr.* needs triton >= 3\.6 and < 3\.9"
+    with pytest.raises(RuntimeError, match="fwd_intra: " + needs):
+        jax.eval_shape(seed, *args)
+    assert launches == []
+    for path in ("triton", "split"):
+        jax.eval_shape(lambda *a: triton_launch.fwd_intra_triton(*a, path=path), *args)
+    assert [name for name, _, _ in launches] == ["fused", "A", "recompute_w_u"]
+    torch = pytest.importorskip("torch")
+    from gdn_jax import torch_launch
+
+    k, v, g, beta = (torch.zeros(a.shape, dtype=torch.float32) for a in args)
+    with pytest.raises(RuntimeError, match="fwd_intra_torch: " + needs):
+        torch_launch.fwd_intra_torch(k, v, g, beta, path="seed", autotune=False)
+
+
+def test_auto_never_picks_the_seed(monkeypatch):
+    from gdn_jax import backend
+
+    monkeypatch.setattr(backend, "cuda_available", lambda: True)
+    for programs in (1, 2048, 2049, 16384, 10**7):
+        for gluon in (False, True):
+            assert backend.resolve_impl("fwd_intra", "auto", programs=programs, gluon=gluon) != "seed"
