@@ -142,7 +142,9 @@ def chunk_walk_jnp(q, k, w, u, gc, initial_state, cu_seqlens=None, chunk_indices
                                            initial_state.astype(ct))
     o = jnp.einsum("lmihk,lmhkv->lmihv", qq * jnp.exp(gc)[..., None], S_in, precision=HIGHEST)
     gt = jnp.swapaxes(gc, -1, -2)  # [L, M, H, BT]
-    causal = jnp.tril(jnp.ones((BT, BT), bool))
+    # j <= i, both rows in the chunk: a padded row's gate is 0, and exp(0 - gc_j)
+    # overflows on strong gates (the 0 * inf would reach the gradients as NaN)
+    causal = jnp.tril(jnp.ones((BT, BT), bool)) & valid[:, :, None, :, None] & valid[:, :, None, None, :]
     diff = jnp.where(causal, gt[..., :, None] - gt[..., None, :], 0)
     attn = jnp.einsum("lmihk,lmjhk->lmhij", qq, kk, precision=HIGHEST)
     attn = jnp.where(causal, attn * jnp.exp(diff), 0)

@@ -94,7 +94,7 @@ def gdn_chunk_bwd_local_kernel(
     b_e = tl.where(m_t, tl.exp(b_g), 0)
     b_decay = tl.where(m_t, tl.exp(g_last - b_g), 0)
 
-    causal = o_t[:, None] >= o_t[None, :]
+    causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]  # rows past the end: gate 0, exp overflows
     b_E = tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], float("-inf")))
     b_D = scale * tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PRECISION) * b_E  # [i, j]
     b_Dx = b_D.to(b_k.dtype)

@@ -100,8 +100,8 @@ def gdn_chunk_bwd_walk_kernel(
         tl.store(dh + h_offsets + i_c * (H * K * V), b_dsx, mask=s_mask)
         # (q k^T E)^T do: [j, i] = <k_j, q_i> exp(gc_i - gc_j) for i >= j
         b_a = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
-        b_a = b_a * tl.exp(tl.where(o_t[:, None] <= o_t[None, :], b_g[None, :] - b_g[:, None],
-                                    float("-inf")))
+        b_a = b_a * tl.exp(tl.where((o_t[:, None] <= o_t[None, :]) & m_t[None, :],  # i in the chunk
+                                    b_g[None, :] - b_g[:, None], float("-inf")))
         b_dv = scale * tl.dot(b_a.to(b_k.dtype), b_do, input_precision=DOT_PRECISION)
         b_kt = (b_k * tl.exp(g_last - b_g)[:, None]).to(b_k.dtype)  # rows past the end: k is 0
         b_dv += tl.dot(b_kt, b_dsx, input_precision=DOT_PRECISION)

@@ -191,8 +191,8 @@ def gdn_chunk_fwd_kernel(
             if WRITE_O:
                 b_o = tl.dot(b_sx, b_q, input_precision=DOT_PRECISION) * tl.exp(b_g)[None, :]
                 b_a = tl.dot(b_k, b_q, input_precision=DOT_PRECISION)  # [j, i] = <k_j, q_i>
-                b_a = b_a * tl.exp(tl.where(o_t[:, None] <= o_t[None, :], b_g[None, :] - b_g[:, None],
-                                            float("-inf")))
+                b_a = b_a * tl.exp(tl.where((o_t[:, None] <= o_t[None, :]) & m_t[None, :],
+                                            b_g[None, :] - b_g[:, None], float("-inf")))
                 b_o += tl.dot(b_v.to(b_w.dtype), b_a.to(b_w.dtype), input_precision=DOT_PRECISION)
                 tl.store(o + r[None, :] * (H * V) + o_v[:, None], (b_o * scale).to(o.dtype.element_ty),
                          mask=tl.trans(m_tv))
@@ -206,8 +206,9 @@ def gdn_chunk_fwd_kernel(
             if WRITE_O:
                 b_o = tl.dot(b_q, b_sx, input_precision=DOT_PRECISION) * tl.exp(b_g)[:, None]
                 b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-                b_a = b_a * tl.exp(tl.where(o_t[:, None] >= o_t[None, :], b_g[:, None] - b_g[None, :],
-                                            float("-inf")))
+                # rows past the end have gate 0: exp(0 - gc_j) overflows on strong gates
+                b_a = b_a * tl.exp(tl.where((o_t[:, None] >= o_t[None, :]) & m_t[:, None],
+                                            b_g[:, None] - b_g[None, :], float("-inf")))
                 b_o += tl.dot(b_a.to(b_w.dtype), b_v.to(b_w.dtype), input_precision=DOT_PRECISION)
                 tl.store(o + r[:, None] * (H * V) + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
                          mask=m_tv)

@@ -28,9 +28,9 @@ TORCH = {"float32": torch.float32, "float16": torch.float16}
 TOL = {"float32": 1e-5, "float16": 1e-2}  # docs/math.md: gradients within 1e-2 in fp16
 
 
-def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0):
+def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0, gate_scale=1.0):
     N = B if cu is None else len(cu) - 1
-    x, (do, dht) = draw(seed, B, T, Hg, H, K, V, N)
+    x, (do, dht) = draw(seed, B, T, Hg, H, K, V, N, gate_scale)
     td, f32 = TORCH[dtype], torch.float32
     t = lambda a, d=td: torch.from_numpy(np.ascontiguousarray(a)).to(d)  # noqa: E731
     # the reference on the inputs as the kernels saw them (q, k, v rounded to dtype)
@@ -65,3 +65,8 @@ def test_packed():
 def test_head_dims_past_one_block():
     """K = 96 (two K blocks of 64 in the per-chunk kernel, a masked tail), V = 40."""
     run("float32", 1, 70, 1, 2, 96, 40, seed=4)
+
+
+def test_strong_gates_in_a_partial_chunk():
+    """Gates of -16 softplus per step: the padding rows of a partial chunk stay out of the exponents."""
+    run("float32", 1, 100, 1, 2, 32, 16, seed=6, gate_scale=16.0)
