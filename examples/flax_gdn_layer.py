@@ -97,10 +97,14 @@ class GatedDeltaNet(nnx.Module):
         # Causal: the layer puts the conv_size - 1 inputs before the call's in front.
         self.conv = nnx.Conv(channels, channels, kernel_size=(conv_size,), padding="VALID",
                              feature_group_count=channels, use_bias=False, dtype=dtype, rngs=rngs)
-        # Per-head decay rate exp(A_log) in [1, 16], as Qwen3-Next initialises it.
-        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (v_heads,),
-                                                          minval=1.0, maxval=16.0)))
-        self.dt_bias = nnx.Param(jnp.ones((v_heads,), jnp.float32))
+        # Per-head decay rate exp(A_log) in [1, 16], and the step dt = softplus(a + dt_bias)
+        # log-uniform in [1e-3, 1e-1] at a = 0 (Mamba's and flash-linear-attention's
+        # init): per-step decays exp(-exp(A_log) dt) from 0.2 to 0.999, so the state
+        # remembers from the start (dt_bias = 1 decays by 0.27 to 1e-9 per token).
+        kA, kdt = jax.random.split(rngs.params())
+        self.A_log = nnx.Param(jnp.log(jax.random.uniform(kA, (v_heads,), minval=1.0, maxval=16.0)))
+        dt = jnp.exp(jax.random.uniform(kdt, (v_heads,), minval=jnp.log(1e-3), maxval=jnp.log(1e-1)))
+        self.dt_bias = nnx.Param(dt + jnp.log(-jnp.expm1(-dt)))  # softplus^-1(dt)
         self.norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, rngs=rngs)
         self.o_proj = linear(value_dim, hidden)
 

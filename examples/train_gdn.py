@@ -79,20 +79,20 @@ def copy_batch(key, batch, length, vocab):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--copy-len", type=int, default=24)
+    p.add_argument("--copy-len", type=int, default=8)
     p.add_argument("--vocab", type=int, default=16)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--v-heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--impl", default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--log-every", type=int, default=50)
     args = p.parse_args(argv)
 
     model = GdnLM(args.vocab, args.width, args.layers, args.heads, args.v_heads, args.head_dim,
