@@ -309,9 +309,18 @@ def main():
     p.add_argument("--no-reference", action="store_true", help="skip the jnp path")
     p.add_argument("--no-layer", action="store_true", help="skip the Flax layer")
     p.add_argument("--backward", action="store_true", help="forward + backward (module docstring)")
+    p.add_argument("--replot", metavar="JSON", help="only redraw the chart of a saved run (no GPU), into --out")
     args = p.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        saved = json.loads(pathlib.Path(args.replot).read_text())
+        backward = any(r.get("backward") for r in saved["rows"])
+        plot(saved["rows"], out / ("bench_chunk_backward.png" if backward else "bench_chunk.png"),
+             "GDN forward + backward, bf16, H200 (lower is better)" if backward else
+             "GDN forward, bf16, H200 (lower is better)")
+        print_table(saved["rows"], saved["versions"], BACKWARD_TABLE if backward else TABLE)
+        return
     bw, rate = copy_bandwidth(), matrix_rate()
     versions = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
                     copy_TBps=round(bw / 1e12, 3), bf16_TFLOPs=round(rate / 1e12, 1),

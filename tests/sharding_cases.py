@@ -212,6 +212,44 @@ def layer_case(head_parallel: bool):
     return run(f, (state, x), (state_rep, put(m, x, "data")))
 
 
+def chunk_grad_gpu_path_case(m):
+    """A sharded training step of the GPU path (its custom_vjp), with the
+    launches replaced by their jnp references (no GPU here), on a 2 x 2 mesh:
+    the forward ops and the backward op run on the devices' blocks."""
+    import jax.custom_batching  # noqa: F401
+    from gdn_jax import backend, chunk_bwd, chunk_walk
+    from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp
+    from gdn_jax.chunk_jnp import chunk_walk_jnp
+    from gdn_jax.reference import fwd_intra_jnp
+
+    backend.cuda_available = lambda: True
+    gdn_jax.sharding.fwd_intra_triton = lambda k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path: \
+        fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size, chunk_indices=chunk_indices)
+
+    def walk(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first):
+        N, H, K, V = q.shape[0], u.shape[2], q.shape[3], u.shape[3]
+        return chunk_walk_jnp(q, k, w, u, gc, jnp.zeros((N, H, K, V)) if h0 is None else h0, scale=scale)
+
+    def bwd(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale):
+        z = jnp.zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]))
+        return chunk_bwd_jnp(q, k, v, gc, beta, A, z if h0 is None else h0, do, z if dht is None else dht,
+                             scale=scale)
+
+    chunk_walk.chunk_fwd_triton, chunk_bwd.chunk_bwd_triton = walk, bwd
+    q, k, v, g, beta, h0 = gdn_inputs(2, 130, 2, 4)
+
+    def step(q, k, v, g, beta, h0):
+        def loss(*a):
+            o, f = chunk_gated_delta_rule(*a[:5], initial_state=a[5], output_final_state=True, impl="triton")
+            return jnp.sum(o * o) + jnp.sum(f)
+        return jax.grad(loss, argnums=range(6))(q, k, v, g, beta, h0)
+
+    sharded = (put(m, q, "data", None, "model"), put(m, k, "data", None, "model"),
+               put(m, v, "data", None, "model"), put(m, g, "data", None, "model"),
+               put(m, beta, "data", None, "model"), put(m, h0, "data", "model"))
+    return run(step, (q, k, v, g, beta, h0), sharded)
+
+
 def cases():
     m4 = mesh((4,), ("x",))
     m22 = mesh((2, 2), ("data", "model"))
@@ -237,6 +275,8 @@ def cases():
         # a pool with the inputs split over batch: the batch is gathered (heads only)
         "recurrent_pool_batch": lambda: recurrent_case(m22, 2, 2, 4, "data", "model", pool=5),
         "triton_branch": triton_branch_case,
+        "chunk_grad_gpu_path_2x2": lambda: chunk_grad_gpu_path_case(mesh((2, 2), ("data", "model"),
+                                                                         AxisType.Auto)),
         "layer_data_parallel": lambda: layer_case(False),
         "layer_head_parallel": lambda: layer_case(True),
     }

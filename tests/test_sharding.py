@@ -44,6 +44,9 @@ EXPECTED = {
     "recurrent_pool_heads": ([W(None, "x"), S(None, "x")], [None, "x"]),
     "recurrent_options_2x2": ([W("data", "model"), S("data", "model")], ["data", "model"]),
     "triton_branch": ([W("data", "model")] * 3, ["data", "model"]),
+    # dq, dk, dv [B, T, heads, .], dg, dbeta [B, T, H], dh0 [N, H, K, V]
+    "chunk_grad_gpu_path_2x2": ([W("data", "model")] * 3 + [["data", None, "model"]] * 2
+                                + [S("data", "model")], ["data", "model"]),
     "layer_data_parallel": ([["data", None, None]], ["data", None]),
 }
 
