@@ -9,7 +9,7 @@ under ``jax.jit``: one forward over ``P + D`` tokens; a prefill of the first
 ``P`` (chunked forward) returning the cache; then ``D`` decode steps of one
 token each (recurrent forward), each from the last step's cache, donated so
 that the state is updated in place. The prefill's and the steps' outputs,
-put together, must equal the forward's to SPEC.md's tolerance for the dtype
+put together, must equal the forward's to docs/math.md's tolerance for the dtype
 (relative Frobenius error per sequence); the script exits with status 1
 where they do not. Prints the errors and the time per decode step (the
 whole layer: projections, conv, recurrence, norm, output projection), and,
@@ -33,7 +33,7 @@ from flax_gdn_layer import GatedDeltaNet  # noqa: E402
 from gdn_jax.backend import cuda_available  # noqa: E402
 from gdn_jax.validate import IMPLS  # noqa: E402
 
-# SPEC.md's accuracy of the forward against float64 (o and final state), per dtype
+# docs/math.md's accuracy of the forward against float64 (o and final state), per dtype
 TOLERANCE = {"float32": 3e-3, "float16": 5e-3, "bfloat16": 1e-2}
 
 

@@ -5,7 +5,7 @@ memory and reads it back, together with ``k`` a second time, in a second
 kernel. Here one program per (chunk, value head) computes ``A`` and then
 ``u = A (beta v)`` and ``w = A (beta exp(g) k)`` while its ``A`` tile and ``k``
 rows are still in cache: one launch, no second pass over HBM for ``A`` and ``k``.
-The math is SPEC.md's, the block structure the seed's:
+The math is docs/math.md's, the block structure the seed's:
 
 - ``L`` in 16x16 blocks from ``k k^T`` (all ten lower blocks at once, one pass
   over ``K``), gated by ``safe_exp(g_i - g_j)`` (as ``safe_exp2`` of ``g log2(e)``)

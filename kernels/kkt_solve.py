@@ -10,7 +10,7 @@
 
 Adapted from flash-linear-attention's fla/ops/gated_delta_rule/chunk_fwd.py as
 sglang ships it (Copyright (c) 2023-2025, Songlin Yang, Yu Zhang). The math is
-in SPEC.md: ``L[i, j] = beta_i <k_i, k_j> safe_exp(g_i - g_j)`` for ``i > j``,
+in docs/math.md: ``L[i, j] = beta_i <k_i, k_j> safe_exp(g_i - g_j)`` for ``i > j``,
 stored per chunk in ``A[..., :64]`` (upper blocks are left untouched: the
 launcher zero-fills ``A``).
 """

@@ -1,6 +1,6 @@
 """Second stage of the GDN intra-chunk forward: ``u = A (beta v)``, ``w = A (beta exp(g) k)``.
 
-Written from SPEC.md. One program per (chunk, value head, batch row) on the
+Written from docs/math.md. One program per (chunk, value head, batch row) on the
 head-fastest grid of ``fused_intra.py`` (``tiles.program_chunk``), with the
 varlen and GQA conventions of the seed kernel in ``kkt_solve.py``: value
 head ``i_h`` reads key head ``i_h // (H // Hg)``, and with IS_VARLEN the chunk

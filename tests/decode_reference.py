@@ -1,5 +1,5 @@
 """Float64 NumPy decode: the options, the state pool and the per-token
-recurrence (``gdn_numpy``), written from SPEC.md alone (no code shared with
+recurrence (``gdn_numpy``), written from docs/math.md alone (no code shared with
 gdn_jax), and the random inputs of the decode tests."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def f64(x):
 def options_numpy(q, k, g, beta, *, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                   A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
                   allow_neg_eigval=False):
-    """``(q, k, a, beta)`` after SPEC.md's options, float64."""
+    """``(q, k, a, beta)`` after docs/math.md's options, float64."""
     q, k, g, beta = map(f64, (q, k, g, beta))
     if use_qk_l2norm_in_kernel:
         q, k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) for x in (q, k))
@@ -80,7 +80,7 @@ def decode_numpy(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens
 
 def decode_inputs(seed, B, T, Hg, H, K, V, *, N=None, pool=None, raw=False, state=True):
     """Float32 NumPy ``dict(q, k, v, g, beta, A_log, dt_bias, initial_state)``
-    as SPEC.md draws them: unit keys (``raw``: unnormalised q/k, raw gate
+    as docs/math.md draws them: unit keys (``raw``: unnormalised q/k, raw gate
     input and beta logits, for the options), ``v`` normal, a state of norm
     about one per column, ``N`` states (default B), or a ``pool`` of that many."""
     rng = np.random.default_rng(seed)

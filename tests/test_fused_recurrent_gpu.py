@@ -1,5 +1,5 @@
 """fused_recurrent_gated_delta_rule on an NVIDIA GPU (kernels/fused_recurrent.py
-through jax-triton) against the float64 NumPy decode at SPEC.md's tolerances:
+through jax-triton) against the float64 NumPy decode at docs/math.md's tolerances:
 every dtype, state dtype and layout, pools with repeated, skipped and padding
 rows (the rows not named bit-identical), packed, GQA, options, the state
 updated in place under donation (compiled HLO), vmap, 64-bit offsets, and a
@@ -26,7 +26,7 @@ pytestmark = [
 ]
 
 K = V = 128
-SPEC_TOL = {"float32": 3e-3, "float16": 5e-3, "bfloat16": 1e-2}  # o and final state vs float64
+MATH_TOL = {"float32": 3e-3, "float16": 5e-3, "bfloat16": 1e-2}  # o and final state vs float64
 STATIC = ("output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel",
           "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "state_v_first", "impl")
 decode = jax.jit(gdn_jax.fused_recurrent_gated_delta_rule, static_argnames=STATIC)
@@ -83,7 +83,7 @@ IDX = np.array([9, 2, 9, -1, 0, 5], np.int32)  # repeated 9, padding, rows 1, 3,
 def test_pool_every_dtype_and_layout(dtype, state_dtype, v_first, record_errors):
     args, ref = inputs(1, len(IDX), 3, 2, 4, dtype, options="all", pool=10, state_dtype=state_dtype,
                        v_first=v_first)
-    tol = max(SPEC_TOL[dtype], 5e-3 if state_dtype == "bfloat16" else 0)
+    tol = max(MATH_TOL[dtype], 5e-3 if state_dtype == "bfloat16" else 0)
     _, final, errs = run(args, ref, tol, idx=IDX)
     assert_rows_untouched(final, args["initial_state"], IDX)
     record_errors(f"gpu decode {state_dtype} state", dtype, errs)
@@ -93,23 +93,23 @@ def test_pool_every_dtype_and_layout(dtype, state_dtype, v_first, record_errors)
 @pytest.mark.parametrize("Hg,H", [(2, 2), (2, 8)])
 def test_fixed_length_and_gqa(B, T, Hg, H, record_errors):
     args, ref = inputs(B + T, B, T, Hg, H, "bfloat16")
-    record_errors("gpu decode", "bfloat16", run(args, ref, SPEC_TOL["bfloat16"])[2])
+    record_errors("gpu decode", "bfloat16", run(args, ref, MATH_TOL["bfloat16"])[2])
 
 
 @pytest.mark.parametrize("name", [n for n in OPTIONS if n != "all"])
 def test_every_option(name, record_errors):
     args, ref = inputs(3, 3, 2, 2, 4, "bfloat16", options=name)
-    record_errors(f"gpu decode {name}", "bfloat16", run(args, ref, SPEC_TOL["bfloat16"])[2])
+    record_errors(f"gpu decode {name}", "bfloat16", run(args, ref, MATH_TOL["bfloat16"])[2])
 
 
 def test_packed_and_packed_pool(record_errors):
     cu = np.array([0, 0, 1, 17, 17, 20], np.int32)  # empty, 1, 16, empty, 3 tokens
     args, ref = inputs(4, 1, 20, 2, 4, "bfloat16", N=5)
-    _, final, errs = run(args, ref, SPEC_TOL["bfloat16"], cu=cu)
+    _, final, errs = run(args, ref, MATH_TOL["bfloat16"], cu=cu)
     np.testing.assert_array_equal(np.asarray(final[0]), np.asarray(args["initial_state"][0]))
     args, ref = inputs(5, 1, 20, 2, 4, "bfloat16", pool=8)
     idx = np.array([7, 0, 3, 3, -1], np.int32)
-    _, final, errs = run(args, ref, SPEC_TOL["bfloat16"], cu=cu, idx=idx)
+    _, final, errs = run(args, ref, MATH_TOL["bfloat16"], cu=cu, idx=idx)
     assert_rows_untouched(final, args["initial_state"], idx)
     record_errors("gpu decode packed", "bfloat16", errs)
 
@@ -120,10 +120,10 @@ def test_fresh_state_and_no_final_state():
     ref.pop("initial_state")
     o, final = decode(**args, output_final_state=True, impl="triton")
     assert final.dtype == jnp.float32
-    check_decode(o, final, decode_numpy(**ref), SPEC_TOL["float32"])
+    check_decode(o, final, decode_numpy(**ref), MATH_TOL["float32"])
     o, none = decode(**args, initial_state=h0, impl="triton")
     assert none is None
-    check_decode(o, None, decode_numpy(**ref, initial_state=h0), SPEC_TOL["float32"])
+    check_decode(o, None, decode_numpy(**ref, initial_state=h0), MATH_TOL["float32"])
 
 
 def _pool_step():
@@ -153,7 +153,7 @@ def test_in_place_under_donation():
     assert copies_of(plain, pool) >= 1  # the caller's pool kept
     expected = np.asarray(pool)
     o, final = donated(jnp.array(pool), idx, *ops)  # a copy of the pool is donated
-    check_decode(o, final, decode_numpy(**ref, state_indices=np.asarray(idx)), SPEC_TOL["bfloat16"])
+    check_decode(o, final, decode_numpy(**ref, state_indices=np.asarray(idx)), MATH_TOL["bfloat16"])
     assert_rows_untouched(final, expected, np.asarray(idx))
 
 
@@ -170,7 +170,7 @@ def test_repeated_decode_steps_in_place():
             *ops, initial_state=ref_pool, state_indices=idx, output_final_state=True,
             impl="reference")
     check_decode(o, pool, (np.asarray(o_ref, np.float64), np.asarray(ref_pool, np.float64)),
-                 SPEC_TOL["bfloat16"])
+                 MATH_TOL["bfloat16"])
 
 
 def test_vmap_folds_into_one_launch():
@@ -206,7 +206,7 @@ def test_pool_past_2_31_elements():
     o, pool = step(pool, jnp.asarray(rows))
     ref = decode_numpy(**args, initial_state=np.asarray(jnp.asarray(x["initial_state"], jnp.bfloat16),
                                                         np.float32))
-    check_decode(o, np.asarray(pool[rows]), ref, SPEC_TOL["bfloat16"])
+    check_decode(o, np.asarray(pool[rows]), ref, MATH_TOL["bfloat16"])
     assert not bool(jnp.any(pool[P - 2] != 0))
 
 
@@ -228,7 +228,7 @@ def test_prefill_then_decode_equals_one_forward(record_errors):
         outs.append(o_t)
     o = jnp.concatenate(outs, axis=1)
     errs = check_decode(o, state, (np.asarray(o_full, np.float64), np.asarray(s_full, np.float64)),
-                        SPEC_TOL["bfloat16"])
+                        MATH_TOL["bfloat16"])
     record_errors("gpu prefill+decode vs forward", "bfloat16", errs)
 
 
@@ -240,7 +240,7 @@ def test_autotuned_config_at_decode_shapes():
     for B in (64, 1):
         args, ref = inputs(11, B, 1, 16, 32, "bfloat16", pool=B + 3)
         idx = np.arange(B, dtype=np.int32)[::-1] + 3
-        run(args, ref, SPEC_TOL["bfloat16"], idx=idx)
+        run(args, ref, MATH_TOL["bfloat16"], idx=idx)
     picks = [cfg for key, cfg in autotune._CHOSEN.items() if key[0] == "fused_recurrent"]
     assert len(picks) >= 2, autotune._CHOSEN
 
@@ -257,4 +257,4 @@ def test_every_config(v_first, monkeypatch):
     for config in gdn_fused_recurrent_kernel.configs:
         monkeypatch.setitem(autotune.UNTUNED, "fused_recurrent", config_kwargs(config))
         fresh = jax.jit(gdn_jax.fused_recurrent_gated_delta_rule, static_argnames=STATIC)
-        run(args, ref, SPEC_TOL["bfloat16"], idx=idx, fn=fresh)
+        run(args, ref, MATH_TOL["bfloat16"], idx=idx, fn=fresh)
