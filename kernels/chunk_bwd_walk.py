@@ -19,7 +19,7 @@ outputs last).
 import triton
 import triton.language as tl
 
-from .chunk_fwd import program_heads, state_tile
+from .chunk_fwd import chunk_gates, chunk_state_rows, program_heads, state_tile
 
 
 @triton.autotune(
@@ -63,11 +63,7 @@ def gdn_chunk_bwd_walk_kernel(
     b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_ds = tl.load(dht + s_offsets, mask=s_mask, other=0).to(tl.float32)
-    if IS_VARLEN:
-        first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        first_chunk = i_n.to(tl.int64) * tl.cdiv(T, BT)
-    h_offsets, _ = state_tile(first_chunk, i_h, i_v, H, K, V, BK, BV, False)
+    h_offsets = chunk_state_rows(i_n, i_h, i_v, chunk_offsets, T, H, K, V, BT, BK, BV, IS_VARLEN)
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -92,9 +88,7 @@ def gdn_chunk_bwd_walk_kernel(
         b_k = tl.load(k + r[:, None] * (Hg * K) + o_k[None, :], mask=m_tk, other=0)
         b_w = tl.load(w + r[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0)
         b_do = tl.load(do + r[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0)
-        b_g = tl.load(gc + r * H, mask=m_t, other=0).to(tl.float32)
-        last = (tl.minimum(i_c * BT + BT, seq_len) - 1).to(tl.int64)
-        g_last = tl.load(gc + last * H).to(tl.float32)
+        b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H)
 
         b_dsx = b_ds.to(b_k.dtype)
         tl.store(dh + h_offsets + i_c * (H * K * V), b_dsx, mask=s_mask)

@@ -85,6 +85,30 @@ def state_tile(i_n, i_h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
+def chunk_state_rows(i_n, i_h, i_v, chunk_offsets, T, H: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     IS_VARLEN: tl.constexpr):
+    """Offsets ``[BK, BV]`` of sequence ``i_n``'s first chunk in the per-chunk
+    states ``h [chunks, H, K, V]`` (add ``i_c * H * K * V`` for chunk ``i_c``):
+    the chunk's place in the list of all chunks."""
+    if IS_VARLEN:
+        first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        first_chunk = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    offsets, _ = state_tile(first_chunk, i_h, i_v, H, K, V, BK, BV, False)
+    return offsets
+
+
+@triton.jit
+def chunk_gates(gc, r, m_t, i_c, seq_len, BT: tl.constexpr, H: tl.constexpr):
+    """The chunk's cumulative gates ``[BT]`` (0 past the end; ``gc`` at the
+    sequence's first row and the head) and its last row's."""
+    b_g = tl.load(gc + r * H, mask=m_t, other=0).to(tl.float32)
+    last = (tl.minimum(i_c * BT + BT, seq_len) - 1).to(tl.int64)
+    return b_g, tl.load(gc + last * H).to(tl.float32)
+
+
+@triton.jit
 def tile(ptr, rows, cols, stride, mask, TRANSPOSED: tl.constexpr):
     """``ptr[rows[i] * stride + cols[j]]`` as ``[rows, cols]``, or its
     transpose ``[cols, rows]`` loaded as such; zero where ``mask`` (of the
@@ -160,11 +184,7 @@ def gdn_chunk_fwd_kernel(
     v_new += (bos * H + i_h) * V
     gc += bos * H + i_h
     if STORE_H:  # the states entering each chunk, as rows of h [chunks, H, K, V]
-        if IS_VARLEN:
-            first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
-        else:
-            first_chunk = i_n.to(tl.int64) * tl.cdiv(T, BT)
-        h_offsets, _ = state_tile(first_chunk, i_h, i_v, H, K, V, BK, BV, False)
+        h_offsets = chunk_state_rows(i_n, i_h, i_v, chunk_offsets, T, H, K, V, BT, BK, BV, IS_VARLEN)
 
     for i_c in range(tl.cdiv(seq_len, BT)):
         r = (i_c * BT + o_t).to(tl.int64)  # rows of this chunk, from the sequence start
@@ -176,9 +196,7 @@ def gdn_chunk_fwd_kernel(
         b_k = tile(k, r, o_k, Hg * K, m_tk, False)
         b_w = tile(w, r, o_k, H * K, m_tk, TRANSPOSED)
         b_u = tile(u, r, o_v, H * V, m_tv, TRANSPOSED).to(tl.float32)
-        b_g = tl.load(gc + r * H, mask=m_t, other=0).to(tl.float32)
-        last = (tl.minimum(i_c * BT + BT, seq_len) - 1).to(tl.int64)
-        g_last = tl.load(gc + last * H).to(tl.float32)
+        b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H)
         b_sx = b_s.to(b_w.dtype)
         if STORE_H:
             tl.store(h + h_offsets + i_c * (H * K * V), tl.trans(b_sx) if TRANSPOSED else b_sx,
