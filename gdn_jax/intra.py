@@ -5,7 +5,7 @@ from .backend import impl_for
 from .chunk_indices import varlen_work_list
 from .gluon_launch import check_gluon, gluon_fits
 from .sharding import fwd_intra_sharded
-from .validate import as_array, check_fwd_intra_args, check_impl
+from .validate import as_array, check_fwd_intra_args, check_impl, kernel_dtypes
 
 
 def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
@@ -34,7 +34,8 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
       chunk_size: 64, the only size the fused kernel supports.
       chunk_indices: optional ``[NT, 2]`` int32 from
         :func:`gdn_jax.prepare_chunk_indices` (computed when omitted).
-      impl: ``"auto"``, the fastest path here: on an NVIDIA GPU ``"split"``,
+      impl: ``"auto"``, the fastest path here (float64 inputs: ``"reference"``
+        on every backend): on an NVIDIA GPU ``"split"``,
         or ``"triton"`` for small launches (up to 2048 chunk-head programs;
         measured on an H200, see the README), and ``"gluon"`` in place of
         ``"split"`` where it runs (below); else ``"reference"``.
@@ -68,6 +69,8 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, T, chunk_size)
     chunks = None if chunk_indices is None else chunk_indices.shape[0]
     path = impl_for(B, T, H, impl, chunks=chunks, chunk_size=chunk_size, gluon=gluon)
+    if impl == "auto" and not kernel_dtypes(k, v, g, beta):
+        path = "reference"  # float64: the jnp path on every backend (the kernels do not take it)
     if impl == "gluon":
         check_gluon("fwd_intra", k, v, g, beta, cu_seqlens)
     return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,

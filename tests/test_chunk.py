@@ -219,6 +219,29 @@ def test_one_dtype_policy(monkeypatch):
     assert not backend.runs_triton("op", "reference", x32, x32, x32)
 
 
+def test_fwd_intra_float64_runs_the_reference_under_auto(monkeypatch):
+    """fwd_intra alone follows the same policy: on a GPU, float64 under
+    impl="auto" runs the jnp reference, not a launch that would refuse it."""
+    from gdn_jax import backend, sharding
+
+    monkeypatch.setattr(backend, "cuda_available", lambda: True)
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("the Triton launch ran on float64 inputs")
+
+    monkeypatch.setattr(sharding, "fwd_intra_triton", no_launch)
+    sharding._triton_op.cache_clear()
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(25)
+        k = jnp.asarray(rng.standard_normal((1, 70, 1, 8)))
+        v = jnp.asarray(rng.standard_normal((1, 70, 2, 4)))
+        g = -jnp.asarray(rng.random((1, 70, 2)))
+        beta = jnp.asarray(rng.random((1, 70, 2)))
+        w, u, A = gdn_jax.fwd_intra(k, v, g, beta)
+        assert w.dtype == jnp.float64
+    sharding._triton_op.cache_clear()
+
+
 def test_output_final_state_must_be_static():
     rng = np.random.default_rng(23)
     args = make_inputs(rng, 1, 8, 1, 1, 8, 4)
