@@ -2,8 +2,9 @@
 # On a GPU machine without a package registry: installs the carried jax-triton
 # wheel and this package into /tmp, then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-gluon | test-slow | bench | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
-# Carry: .whl (jt03/, jt04/ wheels). Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
+#   phases: info | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
+# Carry: .whl (jt03/, jt04/ wheels; fla/ with the fla-core wheel for the comparison columns).
+# Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
 set -uo pipefail
 JT=$1; shift
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,7 +17,11 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index --targe
   rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r gdn_jax /tmp/pkg/ && cp -r kernels /tmp/pkg/gdn_jax/kernels
 fi
 SHIM=""; [ "$JT" = 04 ] && SHIM=:$PWD/scripts/triton36_shim
-export PYTHONPATH=/tmp/jt$JT$SHIM:/tmp/pkg
+FLA=""
+if ls .whl/fla/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/fla .whl/fla/*.whl && FLA=:/tmp/fla
+fi
+export PYTHONPATH=/tmp/jt$JT$SHIM:/tmp/pkg$FLA
 for phase in "$@"; do
   case $phase in
     info) python3 -P -c "import jax, jax_triton, triton, torch, gdn_jax; print('jax', jax.__version__, 'jax_triton', jax_triton.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices(), gdn_jax.__file__)";;
@@ -27,6 +32,12 @@ for phase in "$@"; do
     # alone. Each phase takes minutes: run each in its own device call.
     test-fixed) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
     test-tuned) python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12;;
+    # the whole forward, its gradients and decode against float64, fixed configs
+    test-chunk) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests/test_chunk_gpu.py tests/test_chunk_grad_gpu.py tests/test_fused_recurrent_gpu.py 2>&1 | tee "$OUT/test_chunk_jt$JT.log" | tail -25;;
+    bench-chunk) python3 -P benchmarks/bench_chunk.py --out "$OUT" 2>&1 | tee "$OUT/bench_chunk.log" | tail -14;;
+    bench-backward) python3 -P benchmarks/bench_chunk.py --backward --no-reference --out "$OUT" 2>&1 | tee "$OUT/bench_backward.log" | tail -12;;
+    bench-decode) python3 -P benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | tail -14;;
+    train) python3 -P examples/train_gdn.py --width 256 --heads 2 --v-heads 4 --head-dim 64 --batch 64 --copy-len 32 --dtype bfloat16 2>&1 | tee "$OUT/train.log" | tail -10;;
     # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags
     test-gluon) python3 -P -m pytest -q -rfs -n 8 -p no:cacheprovider tests/test_gluon_gpu.py tests/test_gluon_launch.py 2>&1 | tee "$OUT/test_gluon_jt$JT.log" | tail -12;;
     test-slow) python3 -P -m pytest -q -rfs -m "gpu and slow" -p no:cacheprovider tests 2>&1 | tee "$OUT/test_slow_jt$JT.log" | tail -12;;
