@@ -62,9 +62,13 @@ def l2_normalized(x, ON: tl.constexpr):
 @triton.jit
 def token_inputs(p_q, p_k, p_v, p_g, p_beta, m_k, m_v, live):
     """One token's ``q, k [BK]``, ``v [BV]``, gate and beta in float32 (zeros where not ``live``)."""
-    b_q = tl.load(p_q, mask=m_k & live, other=0).to(tl.float32)
-    b_k = tl.load(p_k, mask=m_k & live, other=0).to(tl.float32)
-    b_v = tl.load(p_v, mask=m_v & live, other=0).to(tl.float32)
+    # tl.where, not m_k & live: triton 3.9's interpreter makes a mask of another
+    # dtype from a vector & a scalar, and refuses it
+    m_k = tl.where(live, m_k, False)
+    m_v = tl.where(live, m_v, False)
+    b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32)
+    b_k = tl.load(p_k, mask=m_k, other=0).to(tl.float32)
+    b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
     b_a = tl.load(p_g, mask=live, other=0).to(tl.float32)
     b_beta = tl.load(p_beta, mask=live, other=0).to(tl.float32)
     return b_q, b_k, b_v, b_a, b_beta
@@ -118,7 +122,7 @@ def gdn_fused_recurrent_kernel(
         owns = (row >= 0) & (row < P)
         s_offsets, s_mask = state_tile(tl.where(owns, row, 0), i_h, i_v, H, K, V, BK, BV,
                                        STATE_V_FIRST)
-        s_mask = s_mask & owns
+        s_mask = tl.where(owns, s_mask, False)  # not s_mask & owns: see token_inputs
     else:
         s_offsets, s_mask = state_tile(i_n, i_h, i_v, H, K, V, BK, BV, STATE_V_FIRST)
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
