@@ -64,7 +64,7 @@ def gdn_chunk_bwd_local_kernel(
     if IS_VARLEN:  # the chunk's row in h and dh: its place in the chunk list
         h_row = (tl.program_id(0) // H).to(tl.int64)
     else:
-        h_row = tl.program_id(1).to(tl.int64) * tl.cdiv(T, BT) + i_t
+        h_row = tl.program_id(1).to(tl.int64) * ((T + BT - 1) // BT) + i_t
     i_hk = i_h // (H // Hg)
     scale = tl.cast(scale, tl.float32)
 

@@ -77,7 +77,7 @@ def gdn_chunk_bwd_walk_kernel(
     dv += (bos * H + i_h) * V
     gc += bos * H + i_h
 
-    n_chunks = tl.cdiv(seq_len, BT)
+    n_chunks = (seq_len + BT - 1) // BT  # not tl.cdiv: see kernels/chunk_fwd.py's loop
     for j in range(n_chunks):
         i_c = n_chunks - 1 - j
         r = (i_c * BT + o_t).to(tl.int64)

@@ -94,7 +94,7 @@ def chunk_state_rows(i_n, i_h, i_v, chunk_offsets, T, H: tl.constexpr, K: tl.con
     if IS_VARLEN:
         first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
-        first_chunk = i_n.to(tl.int64) * tl.cdiv(T, BT)
+        first_chunk = i_n.to(tl.int64) * ((T + BT - 1) // BT)
     offsets, _ = state_tile(first_chunk, i_h, i_v, H, K, V, BK, BV, False)
     return offsets
 
@@ -186,7 +186,8 @@ def gdn_chunk_fwd_kernel(
     if STORE_H:  # the states entering each chunk, as rows of h [chunks, H, K, V]
         h_offsets = chunk_state_rows(i_n, i_h, i_v, chunk_offsets, T, H, K, V, BT, BK, BV, IS_VARLEN)
 
-    for i_c in range(tl.cdiv(seq_len, BT)):
+    # chunks by arithmetic: triton 3.6's interpreter cannot range() over tl.cdiv's result
+    for i_c in range((seq_len + BT - 1) // BT):
         r = (i_c * BT + o_t).to(tl.int64)  # rows of this chunk, from the sequence start
         m_t = r < seq_len
         m_tk = m_t[:, None] & m_k[None, :]
