@@ -111,7 +111,8 @@ def gdn_core(static: CoreStatic, q, k, v, a, beta, h0, cu, ci):
 def core_forward(static, q, k, v, a, beta, h0, cu, ci):
     """``((o, final_state or None), residuals)``: the cumsum of the gates,
     ``fwd_intra`` and the walk, and what the backward keeps."""
-    gc = chunk_local_cumsum(a, cu, ci).astype(jnp.float32)
+    gc = chunk_local_cumsum(a, cu, ci)  # float32 (float64 for float64 a): the kernels take float32
+    gc = gc if static.impl == "reference" else gc.astype(jnp.float32)
     w, u, A = fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl=static.impl)
     out = chunk_walk(q, k, w, u, gc, h0, cu, ci, scale=static.scale, output_final_state=static.final,
                      state_v_first=static.v_first, triton=static.walk_triton)

@@ -42,6 +42,22 @@ def test_eager_matches_float64_loop():
     assert rel(o, gdn_numpy(*args, scale=0.5)[0]) < 1e-4
 
 
+@pytest.mark.parametrize("cu", [None, np.array([0, 1, 66, 140], np.int32)], ids=["fixed", "varlen"])
+def test_float64_is_float64_throughout(cu):
+    """float64 inputs stay float64 on every step (gates included): the error
+    against the float64 loop is float64 rounding, not float32's."""
+    rng = np.random.default_rng(17)
+    B = 2 if cu is None else 1
+    args = [np.asarray(x, np.float64) for x in make_inputs(rng, B, 140, 1, 2, 16, 8)]
+    h0 = rng.standard_normal((B if cu is None else 3, 2, 16, 8))
+    with jax.enable_x64(True):
+        o, final = chunk_gated_delta_rule(*args, initial_state=h0, output_final_state=True,
+                                          cu_seqlens=cu)
+        assert o.dtype == jnp.float64 and final.dtype == jnp.float64
+    o_ref, final_ref = gdn_numpy(*args, h0=h0, cu_seqlens=cu)
+    assert rel(o, o_ref) < 1e-12 and rel(final, final_ref) < 1e-12
+
+
 def test_bf16_close_to_float32_recurrence():
     rng = np.random.default_rng(8)
     q, k, v, g, beta = make_inputs(rng, 1, 100, 2, 4, 16, 8, dtype=jnp.bfloat16)
