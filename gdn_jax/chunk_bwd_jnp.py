@@ -155,4 +155,8 @@ def chunk_reverse_cumsum(dgc, cu_seqlens=None, chunk_indices=None):
     reverse cumsum of ``dgc [B, T, H]`` inside each 64-chunk."""
     B, T = dgc.shape[:2]
     gather, scatter, _, _ = chunk_layout(B, T, cu_seqlens, chunk_indices)
-    return scatter(jnp.flip(jnp.cumsum(jnp.flip(gather(dgc), 2), axis=2), 2))
+    x = gather(dgc)
+    # The chunk's total less the inclusive cumsum before each row, not
+    # flip(cumsum(flip)): XLA's GPU emitter (jax 0.11.2, H200) fails to
+    # translate the flipped form's fusion to LLVM IR in the gradient at T < 64.
+    return scatter(x.sum(2, keepdims=True) - jnp.cumsum(x, axis=2) + x)

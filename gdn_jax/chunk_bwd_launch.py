@@ -85,7 +85,14 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=_pow2(V), IS_VARLEN=varlen,
         DOT_PRECISION=prec)
 
-    def key_heads(x, dtype):  # GQA: a key head's cotangent sums over its value heads
-        return x.reshape(B, T, Hg, H // Hg, K).sum(3).astype(dtype)
+    return (key_heads(dq, Hg, q.dtype), key_heads(dk + dk_wy, Hg, k.dtype), dv, dg.sum(0) + dg_wy,
+            dbeta, dh0)
 
-    return (key_heads(dq, q.dtype), key_heads(dk + dk_wy, k.dtype), dv, dg.sum(0) + dg_wy, dbeta, dh0)
+
+def key_heads(x, Hg: int, dtype):
+    """``[B, T, Hg, K]`` of a per-value-head cotangent ``x [B, T, H, K]``: a
+    key head's is the sum over its value heads (GQA)."""
+    B, T, H, K = x.shape
+    if H == Hg:
+        return x.astype(dtype)
+    return x.reshape(B, T, Hg, H // Hg, K).sum(3).astype(dtype)
