@@ -150,7 +150,9 @@ def cases(seed, n):
     common = dict(B=3, Hg=2, H=4)
     if n == 4:
         return {
-            "seq_fixed": lambda: case(seed, (4,), ("s",), T=256, seq="s", float64=True, **common),
+            "seq_fixed_options_v_first": lambda: case(
+                seed, (4,), ("s",), T=256, seq="s", use_qk_l2norm_in_kernel=True,
+                use_beta_sigmoid_in_kernel=True, state_v_first=True, **common),
             # T_local = 40: a partial chunk at every segment's end
             "seq_partial_chunks_no_states": lambda: case(seed + 1, (4,), ("s",), T=160, seq="s",
                                                          h0=False, final=False, **common),
@@ -158,11 +160,6 @@ def cases(seed, n):
                                        cu=cu4, float64=True),
             "seq_x_heads_varlen": lambda: case(seed + 4, (2, 2), ("s", "h"), B=1, T=384, Hg=2,
                                                H=4, seq="s", heads="h", cu=cu4),
-            "seq_x_batch": lambda: case(seed + 5, (2, 2), ("s", "b"), B=2, T=256, Hg=1, H=3,
-                                        seq="s", batch="b"),
-            "seq_options_v_first": lambda: case(
-                seed + 6, (4,), ("s",), T=256, seq="s", use_qk_l2norm_in_kernel=True,
-                use_beta_sigmoid_in_kernel=True, state_v_first=True, **common),
             "gpu_path_seq_x_heads_varlen": lambda: gpu_path_case(
                 seed + 7, (2, 2), ("s", "h"), B=1, T=384, Hg=2, H=4, seq="s", heads="h", cu=cu4),
         }
