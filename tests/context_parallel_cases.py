@@ -34,7 +34,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import gdn_jax  # noqa: E402
 import gdn_jax.reference  # noqa: E402
 from gdn_jax.naive_recurrent import naive_recurrent_gated_delta_rule  # noqa: E402
+from numpy_reference import rel_err as rel  # noqa: E402
 from stand_ins import doubling_solve  # noqa: E402
+from test_chunk_grad import draw  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce", "reduce-scatter")
 ARGS = ("q", "k", "v", "g", "beta", "initial_state")
@@ -56,21 +58,6 @@ def collectives(hlo: str):
     return found
 
 
-def draw(seed, B, T, Hg, H, N):
-    rng = np.random.default_rng(seed)
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    x = dict(q=unit(rng.standard_normal((B, T, Hg, K))), k=unit(rng.standard_normal((B, T, Hg, K))),
-             v=rng.standard_normal((B, T, H, V)), g=-np.logaddexp(0, -rng.standard_normal((B, T, H))),
-             beta=1 / (1 + np.exp(-rng.standard_normal((B, T, H)))),
-             initial_state=rng.standard_normal((N, H, K, V)))
-    return x, (rng.standard_normal((B, T, H, V)), rng.standard_normal((N, H, K, V)))
-
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def spec_of(x):
     spec = tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec))
     return [list(e) if isinstance(e, tuple) else e for e in spec]
@@ -83,7 +70,7 @@ def case(seed, shape, names, B, T, Hg, H, *, seq, batch=None, heads=None, cu=Non
     ``cu_const``: ``cu`` a NumPy constant (else a traced argument)."""
     m = jax.make_mesh(shape, names)  # Explicit axes
     N = B if cu is None else len(cu) - 1
-    x, (do, dht) = draw(seed, B, T, Hg, H, N)
+    x, (do, dht) = draw(seed, B, T, Hg, H, K, V, N)
     if kwargs.get("state_v_first"):  # states [N, H, V, K]
         x["initial_state"], dht = np.swapaxes(x["initial_state"], -1, -2), np.swapaxes(dht, -1, -2)
     cu = None if cu is None else np.asarray(cu, np.int32)
