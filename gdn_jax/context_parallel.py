@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from .chunk_bwd import CoreStatic, run_core
 from .options import state_from_k_major, state_to_k_major
-from .precision import HIGHEST
+from .precision import HIGHEST, compute_dtype
 from .sharding import axes_entry, batch_head_axes, dim_axes, explicit_mesh
 
 
@@ -104,19 +104,21 @@ def widened_walk(static: CoreStatic, triton: bool, q, k, v, a, beta, h0, cu, ci)
     ``I_K``.
 
     ``q, k [B, T, Hg, K]``, ``v [B, T, H, V]``, ``a, beta [B, T, H]`` (the
-    options applied), ``h0 [N, H, K, V]`` float32 K-major, ``cu, ci`` int32
-    or None; ``static`` as :func:`gdn_jax.chunk_bwd.gdn_core` (its ``final``
-    and ``v_first`` are set here). Returns ``o0 [B, T, H, V]`` and
+    options applied), ``h0 [N, H, K, V]`` K-major in the compute dtype
+    (float32, or float64), ``cu, ci`` int32 or None; ``static`` as
+    :func:`gdn_jax.chunk_bwd.gdn_core` (its ``final`` and ``v_first`` are
+    set here). Returns ``o0 [B, T, H, V]`` and
     ``m [B, T, H, K]`` in ``v``'s dtype (``o0`` from ``h0``; ``m_t = P_t^T
-    (scale q_t)``), ``S_local [N, H, K, V]`` and ``P [N, H, K, K]`` float32
-    (each sequence's final state from ``h0``, and its transition)."""
+    (scale q_t)``), ``S_local [N, H, K, V]`` and ``P [N, H, K, K]`` in
+    ``h0``'s dtype (each sequence's final state from ``h0``, and its
+    transition)."""
     B, T, H, V = v.shape
     K = q.shape[-1]
     N = h0.shape[0]
-    eye = jnp.broadcast_to(jnp.eye(K, dtype=jnp.float32), (N, H, K, K))
+    eye = jnp.broadcast_to(jnp.eye(K, dtype=h0.dtype), (N, H, K, K))
     v_wide = jnp.concatenate([v, jnp.zeros((B, T, H, K), v.dtype)], axis=-1)
     o, final = run_core(static._replace(final=True, v_first=False), triton, q, k, v_wide, a, beta,
-                        jnp.concatenate([h0.astype(jnp.float32), eye], axis=-1), cu, ci)
+                        jnp.concatenate([h0, eye], axis=-1), cu, ci)
     return o[..., :V], o[..., V:], final[..., :V], final[..., V:]
 
 
@@ -128,18 +130,19 @@ def advance(P_seg, S_local, S_in):
 
 def corrected_output(o0, m, S_in, rows=None):
     """``o0 + m S_in`` in ``o0``'s dtype: ``o0, m [B, T, H, .]``,
-    ``S_in [B, H, K, V]``; only at ``rows [B, T]`` where given."""
-    fix = jnp.einsum("bthk,bhkv->bthv", m.astype(jnp.float32), S_in, precision=HIGHEST)
+    ``S_in [B, H, K, V]``; only at ``rows [B, T]`` where given (summed in
+    ``S_in``'s dtype)."""
+    fix = jnp.einsum("bthk,bhkv->bthv", m.astype(S_in.dtype), S_in, precision=HIGHEST)
     if rows is not None:
         fix = jnp.where(rows[:, :, None, None], fix, 0)
-    return (o0.astype(jnp.float32) + fix).astype(o0.dtype)
+    return (o0.astype(S_in.dtype) + fix).astype(o0.dtype)
 
 
 def entering_state(handed, d):
     """The state entering segment ``d`` from the maps of the segments before
     it: ``handed [D, M, H, K, V + K]``, ``(S_local | P)`` of each segment's
     right-end piece (``P = 0`` where that piece starts inside its segment).
-    ``[M, H, K, V]`` float32, zeros for ``d = 0``."""
+    ``[M, H, K, V]`` in ``handed``'s dtype, zeros for ``d = 0``."""
     K = handed.shape[-2]
     V = handed.shape[-1] - K
     S = jnp.zeros(handed.shape[1:-1] + (V,), handed.dtype)
@@ -156,8 +159,9 @@ def segment_core(static: CoreStatic, triton: bool, q, k, v, a, beta, h0, cu, ci,
     H, V = v.shape[2:]
     K = q.shape[-1]
     N = seg.owned.shape[0]
-    h0k = jnp.zeros((N, H, K, V), jnp.float32) if h0 is None \
-        else state_to_k_major(h0, static.v_first).astype(jnp.float32)
+    ct = compute_dtype(q.dtype, k.dtype, v.dtype)
+    h0k = jnp.zeros((N, H, K, V), ct) if h0 is None \
+        else state_to_k_major(h0, static.v_first).astype(ct)
     here = seg.starts_here[:, None, None, None]
     o0, m, S_local, P_seg = widened_walk(static, triton, q, k, v, a, beta,
                                          jnp.where(here, h0k, 0), cu, ci)
@@ -183,7 +187,7 @@ def call_sharded_over_sequence(forward, args, mesh, axes, *, dims, varlen: bool,
     Returns ``(o [B, T, H, V] sharded P(batch, axes, heads), final [N, H, .,
     .] sharded P(batch, heads) or None)``."""
     q, k, v, g, beta, h0, cu, _, A_log, dt_bias, scale = args
-    B, T, Hg, H, K, V, N = dims
+    T = dims.T
     D = math.prod(mesh.shape[a] for a in axes)
     if T % D:
         raise ValueError(

@@ -9,8 +9,8 @@ from gdn_jax.context_parallel import advance, corrected_output, widened_walk
 
 
 def run_in_segments(q, k, v, g, beta, h0, segments: int, *, triton: bool, scale=None):
-    """``(o [B, T, H, V], final [B, H, K, V])`` (float32 states, float64 for float64 inputs) of the fixed-length
-    forward (``g`` the per-step log gates, ``h0 [B, H, K, V]``) from
+    """``(o [B, T, H, V], final [B, H, K, V])`` (states float32, float64
+    for float64 inputs) of the fixed-length forward (``g`` the per-step log gates, ``h0 [B, H, K, V]``) from
     ``segments`` equal segments of ``T``: each segment's widened walk from
     zeros (the first from ``h0``), its output corrected by the state entering
     it, that state carried on by ``S_in <- P S_in + S_local``."""
