@@ -25,8 +25,9 @@ from jax.sharding import PartitionSpec as P
 
 from .backend import runs_triton
 from .chunk_indices import varlen_work_list
-from .chunk_bwd import CoreStatic, check_not_forward_mode, core_forward, gdn_core
+from .chunk_bwd import CoreStatic, run_core
 from .chunk_launch import walk_kernel_fits
+from .context_parallel import call_sharded_over_sequence, sequence_axes
 from .naive_recurrent import prepare_gdn_args
 from .options import Options, apply_options, check_options
 from .precision import compute_dtype
@@ -94,6 +95,12 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
     Under ``jax.jit``, inputs sharded over batch and/or heads stay sharded:
     every step is per batch row and head, and the kernels are partitioned
     (:mod:`gdn_jax.sharding`); ``o`` and ``final_state`` come out split the same way.
+    With ``T`` sharded over mesh axes of type ``Explicit`` (context
+    parallelism, :mod:`gdn_jax.context_parallel`): each device runs its
+    segment and the devices exchange only state-sized maps; ``T`` must divide
+    by the number of devices on those axes, and ``chunk_indices`` is then
+    ignored (each segment builds its own). ``o`` comes out sharded as ``v``
+    over ``T``, the final states replicated over those axes.
     """
     op = "chunk_gated_delta_rule"
     check_impl(op, impl)
@@ -119,16 +126,25 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
         cu_const=None if cu_array is not None else cu_seqlens, scale_number=scale_number)
     args = (q, k, v, g, beta, initial_state, cu_array, chunk_indices, A_log, dt_bias,
             None if scale_number is not None else scale)
+    over_sequence = sequence_axes((v, k, q, g, beta))
+    if over_sequence is not None:  # T sharded: context parallel (gdn_jax.context_parallel)
+        cu_any = None if cu_seqlens is None else jnp.asarray(cu_seqlens, jnp.int32)
+        return call_sharded_over_sequence(forward, args[:6] + (cu_any,) + args[7:], *over_sequence,
+                                          dims=dims, varlen=cu_seqlens is not None,
+                                          final=bool(output_final_state))
     return call_with_auto_axes(  # sharded over batch / heads as o [B, T, H, V], state [N, H, ., .]
         forward, args, k, v, cu_seqlens is not None,
         lambda b, h: (P(b, None, h, None), P(b, h, None, None) if output_final_state else None))
 
 
 def _forward(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, A_log, dt_bias, scale,
-             *, dims, options, impl, output_final_state, triton, cu_const, scale_number):
+             *, dims, options, impl, output_final_state, triton, cu_const, scale_number,
+             core=run_core):
     """:func:`chunk_gated_delta_rule` on checked arguments (``cu_const``: a
     NumPy ``cu_seqlens``, passed apart; ``scale`` a traced array where
-    ``scale_number``, the scale as a Python float, is None)."""
+    ``scale_number``, the scale as a Python float, is None); ``core``: the
+    chunked forward after the options (:func:`gdn_jax.chunk_bwd.run_core`, or
+    a segment's of :mod:`gdn_jax.context_parallel`)."""
     cu_seqlens = cu_const if cu_seqlens is None else cu_seqlens
     B, T, Hg, H, K, V, N = dims
     q, k, a, beta = apply_options(options, q, k, g, beta, A_log, dt_bias)
@@ -144,7 +160,4 @@ def _forward(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, A_log, 
     cu_seqlens, chunk_indices = varlen_work_list(cu_seqlens, chunk_indices, T, 64)
     static = CoreStatic(impl, triton and walk_kernel_fits(q.dtype, K), scale_number,
                         output_final_state, options.state_v_first)
-    if not triton:  # jnp throughout, differentiated by JAX (forward and reverse mode)
-        return core_forward(static, q, k, v, a, beta, initial_state, cu_seqlens, chunk_indices)[0]
-    check_not_forward_mode("chunk_gated_delta_rule", impl, (q, k, v, a, beta, initial_state))
-    return gdn_core(static, q, k, v, a, beta, initial_state, cu_seqlens, chunk_indices)
+    return core(static, triton, q, k, v, a, beta, initial_state, cu_seqlens, chunk_indices)

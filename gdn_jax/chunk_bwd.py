@@ -136,6 +136,16 @@ def _core_bwd(static, residuals, cotangents):
 gdn_core.defvjp(core_forward, _core_bwd)
 
 
+def run_core(static: CoreStatic, triton: bool, q, k, v, a, beta, h0, cu, ci):
+    """``(o, final_state or None)`` of the chunked forward after the options:
+    jnp throughout where ``triton`` is False (differentiated by JAX, forward
+    and reverse mode), else :func:`gdn_core` (the kernels, this backward)."""
+    if not triton:
+        return core_forward(static, q, k, v, a, beta, h0, cu, ci)[0]
+    check_not_forward_mode("chunk_gated_delta_rule", static.impl, (q, k, v, a, beta, h0))
+    return gdn_core(static, q, k, v, a, beta, h0, cu, ci)
+
+
 def check_not_forward_mode(op: str, impl: str, arrays) -> None:
     """NotImplementedError under ``jax.jvp`` / ``jax.jacfwd`` (forward mode):
     the GPU path's derivative is a ``custom_vjp`` (reverse mode only). Seen

@@ -37,7 +37,7 @@ from typing import Callable, NamedTuple
 
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .autotune import without_timing
@@ -58,13 +58,14 @@ class Layout(NamedTuple):
     ratio: int
 
 
-def _axes(spec, dim: int) -> tuple[str, ...]:
+def dim_axes(spec, dim: int) -> tuple[str, ...]:
     """The mesh axes that shard ``dim`` of a ``PartitionSpec`` (``()`` when whole)."""
     entry = spec[dim] if dim < len(spec) else None
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _entry(axes: tuple[str, ...]):
+def axes_entry(axes: tuple[str, ...]):
+    """The ``PartitionSpec`` entry of mesh axes: None, one name, or a tuple."""
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
@@ -83,14 +84,14 @@ def batch_head_axes(mesh, k, v, varlen: bool):
 
     def pick(dim, size, taken=()):
         for spec in specs:
-            axes = _axes(spec, dim)
+            axes = dim_axes(spec, dim)
             if axes and size % math.prod(mesh.shape[a] for a in axes) == 0 \
                     and not set(axes) & set(taken):
                 return axes
         return ()
 
     batch = () if varlen else pick(0, B)
-    return _entry(batch), _entry(pick(2, Hg, batch))
+    return axes_entry(batch), axes_entry(pick(2, Hg, batch))
 
 
 def key_value_operands(layout: Layout, arrays):
@@ -207,11 +208,20 @@ def call_with_auto_axes(f, args, k, v, varlen: bool, result_specs):
     return jax.sharding.auto_axes(f, out_sharding=out)(*args)
 
 
+def inside_manual_body() -> bool:
+    """Whether this trace is inside a ``jax.shard_map`` body over every axis
+    of its mesh (the context parallel path, :mod:`gdn_jax.context_parallel`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and all(t == AxisType.Manual for t in mesh.axis_types)
+
+
 def sharded_call(op, per_device: Callable, static, layout: Layout, arrays):
     """``per_device(static, *arrays)``, split over batch and heads under
     ``jax.jit`` where the arrays are sharded (``op``: :func:`partitioned`
-    of ``per_device``). On one device, the plain per-device function."""
-    if jax.device_count() == 1:  # nothing to partition: the plain launch
+    of ``per_device``). On one device, or inside a ``jax.shard_map`` body
+    over every mesh axis (the arrays are already a device's blocks), the
+    plain per-device function."""
+    if jax.device_count() == 1 or inside_manual_body():  # nothing to partition: the plain launch
         return per_device(static, *arrays)
     k, v = key_value_operands(layout, arrays)
     with without_timing():  # custom_partitioning traces per_device at the global shapes

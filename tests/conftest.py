@@ -16,7 +16,7 @@ if jax.default_backend() == "cpu":
 import pytest  # noqa: E402
 
 from stand_ins import (chunk_kernel_as_reference, gpu_path_as_reference,  # noqa: E402,F401
-                       triton_launch_as_reference)
+                       solve_by_matmuls, triton_launch_as_reference)
 
 
 @pytest.fixture

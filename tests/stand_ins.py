@@ -34,17 +34,67 @@ def unbatchable(fwd):
     return run
 
 
+def doubling_solve(a, b, *, lower=True, unit_diagonal=True):
+    """``(I + L)^-1 b`` for unit lower triangular ``a = I + L`` by matmuls,
+    ``(I - L)(I + L^2)(I + L^4)...`` (``L`` is nilpotent), for
+    ``gdn_jax.reference.solve_triangular``: jaxlib's batched CPU LAPACK solve
+    blocks in the intra-op thread pool and can deadlock where several run at
+    once (independent solves in one jit, or as many virtual devices as pool
+    threads: tests/sharding_cases.py); differentiable."""
+    assert lower and unit_diagonal
+    n = a.shape[-1]
+    eye = jnp.eye(n, dtype=a.dtype)
+    L = a - eye
+    inv, power = eye - L, L
+    for _ in range(max(n - 1, 1).bit_length() - 1):
+        power = power @ power
+        inv = inv @ (eye + power)
+    return inv @ b
+
+
+@pytest.fixture
+def solve_by_matmuls(monkeypatch):
+    """The reference's triangular solve by :func:`doubling_solve`."""
+    import gdn_jax.reference
+
+    monkeypatch.setattr(gdn_jax.reference, "solve_triangular", doubling_solve)
+
+
+def intra_launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path):
+    """``fwd_intra``'s Triton launch, by the jnp reference."""
+    return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+                         chunk_indices=chunk_indices)
+
+
+def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first):
+    """The chunk walk's Triton launch, by the jnp walk."""
+    from gdn_jax.chunk_jnp import chunk_walk_jnp
+
+    B, H, Kd, Vd = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
+    N = B if cu is None else cu.shape[0] - 1
+    h0 = jnp.zeros((N, H, Kd, Vd), jnp.float32) if h0 is None else h0
+    swap = (lambda x: jnp.swapaxes(x, -1, -2)) if state_v_first else (lambda x: x)  # noqa: E731
+    ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
+    o, final = chunk_walk_jnp(q, k, w, u, gc, swap(h0), cu, ci, scale=scale)
+    return o, swap(final)
+
+
+def bwd_launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale):
+    """The backward kernels' launch, by the jnp backward."""
+    from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp
+
+    N, H, K, V = (q.shape[0] if cu is None else cu.shape[0] - 1), v.shape[2], q.shape[3], v.shape[3]
+    zeros = jnp.zeros((N, H, K, V), jnp.float32)
+    return chunk_bwd_jnp(q, k, v, gc, beta, A, zeros if h0 is None else h0, do,
+                         zeros if dht is None else dht, cu, ci, scale=scale)
+
+
 @pytest.fixture
 def triton_launch_as_reference(monkeypatch):
     """``fwd_intra``'s Triton paths on this CPU: a GPU reported, and the launch
     replaced by the reference, refusing batched inputs as jax-triton does."""
     monkeypatch.setattr(backend, "cuda_available", lambda: True)
-
-    def launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path):
-        return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-                             chunk_indices=chunk_indices)
-
-    monkeypatch.setattr(sharding, "fwd_intra_triton", unbatchable(launch))
+    monkeypatch.setattr(sharding, "fwd_intra_triton", unbatchable(intra_launch))
     sharding._triton_op.cache_clear()
     yield
     sharding._triton_op.cache_clear()
@@ -56,18 +106,8 @@ def chunk_kernel_as_reference(triton_launch_as_reference, monkeypatch):
     and the chunk walk's launch replaced by the jnp walk, refusing batched
     inputs as jax-triton does."""
     from gdn_jax import chunk_walk
-    from gdn_jax.chunk_jnp import chunk_walk_jnp
 
-    def launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first):
-        B, H, Kd, Vd = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
-        N = B if cu is None else cu.shape[0] - 1
-        h0 = jnp.zeros((N, H, Kd, Vd), jnp.float32) if h0 is None else h0
-        swap = (lambda x: jnp.swapaxes(x, -1, -2)) if state_v_first else (lambda x: x)  # noqa: E731
-        ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
-        o, final = chunk_walk_jnp(q, k, w, u, gc, swap(h0), cu, ci, scale=scale)
-        return o, swap(final)
-
-    monkeypatch.setattr(chunk_walk, "chunk_fwd_triton", unbatchable(launch))
+    monkeypatch.setattr(chunk_walk, "chunk_fwd_triton", unbatchable(walk_launch))
     chunk_walk._triton_op.cache_clear()
     yield
     chunk_walk._triton_op.cache_clear()
@@ -78,15 +118,8 @@ def gpu_path_as_reference(chunk_kernel_as_reference, monkeypatch):
     """The whole GPU path, backward included: the backward kernels' launch
     replaced by the jnp backward (refusing vmap as jax-triton does)."""
     from gdn_jax import chunk_bwd
-    from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp
 
-    def launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale):
-        N, H, K, V = (q.shape[0] if cu is None else cu.shape[0] - 1), v.shape[2], q.shape[3], v.shape[3]
-        zeros = jnp.zeros((N, H, K, V), jnp.float32)
-        return chunk_bwd_jnp(q, k, v, gc, beta, A, zeros if h0 is None else h0, do,
-                             zeros if dht is None else dht, cu, ci, scale=scale)
-
-    monkeypatch.setattr(chunk_bwd, "chunk_bwd_triton", unbatchable(launch))
+    monkeypatch.setattr(chunk_bwd, "chunk_bwd_triton", unbatchable(bwd_launch))
     chunk_bwd._triton_op.cache_clear()
     yield
     chunk_bwd._triton_op.cache_clear()
