@@ -59,10 +59,7 @@ def _per_device(static: BwdStatic, *arrays):
     if static.triton:
         return _triton_op(static)(*arrays)
     q, k, v, gc, beta, A, h0, do, dht, cu, ci = _split(static, arrays)
-    N, H, K, V = (q.shape[0] if cu is None else cu.shape[0] - 1), v.shape[2], q.shape[3], v.shape[3]
-    zeros = jnp.zeros((N, H, K, V), jnp.float32)
-    return chunk_bwd_jnp(q, k, v, gc, beta, A, zeros if h0 is None else h0, do,
-                         zeros if dht is None else dht, cu, ci, scale=static.scale)
+    return chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale)
 
 
 @functools.cache

@@ -54,9 +54,9 @@ def chunk_bwd_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
     Args:
       q, k: ``[B, T, Hg, K]``; v: ``[B, T, H, V]``; gc: ``[B, T, H]`` the
         chunk-local cumulative log gates; beta: ``[B, T, H]``; A: ``[B, T, H,
-        64]`` of ``fwd_intra``; initial_state: ``[N, H, K, V]``; do: ``[B, T,
-        H, V]``; dht: ``[N, H, K, V]`` (the final state's cotangent, zeros
-        when unused); cu_seqlens, chunk_indices: int32 of a packed batch, or None.
+        64]`` of ``fwd_intra``; initial_state: ``[N, H, K, V]`` or None
+        (zeros); do: ``[B, T, H, V]``; dht: ``[N, H, K, V]`` (the final
+        state's cotangent) or None (zeros); cu_seqlens, chunk_indices: int32 of a packed batch, or None.
 
     Returns:
       ``dq, dk [B, T, Hg, K]``, ``dv [B, T, H, V]``, ``dgc [B, T, H]`` (the
@@ -67,6 +67,10 @@ def chunk_bwd_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
     H = v.shape[2]
     ct = compute_dtype(q.dtype, k.dtype, v.dtype, gc.dtype, beta.dtype)
     chunks, unchunk, valid, seq = chunk_layout(B, T, cu_seqlens, chunk_indices)
+    N, V = (B if cu_seqlens is None else cu_seqlens.shape[0] - 1), v.shape[3]
+    zeros = jnp.zeros((N, H, K, V), ct)
+    initial_state = zeros if initial_state is None else initial_state
+    dht = zeros if dht is None else dht
     gather = lambda x: chunks(jnp.asarray(x).astype(ct))  # noqa: E731
     qq, kk = repeat_heads(gather(q), H), repeat_heads(gather(k), H)
     vv, g, b, dO = gather(v), gather(gc), gather(beta), gather(do)
@@ -142,12 +146,17 @@ def chunk_bwd_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
     def to_rows(x):
         return unchunk(jnp.where(rows if x.ndim == 4 else rows[..., None], x, 0))
 
-    def key_heads(x):  # GQA: a key head's cotangent sums over its value heads
-        x = to_rows(x)
-        return x.reshape(x.shape[:2] + (Hg, H // Hg) + x.shape[3:]).sum(3)
+    return (key_heads(to_rows(dq), Hg, ct), key_heads(to_rows(dk), Hg, ct), to_rows(dv),
+            to_rows(dg), to_rows(db), dstates.astype(ct))
 
-    return (key_heads(dq), key_heads(dk), to_rows(dv), to_rows(dg), to_rows(db),
-            dstates.astype(ct))
+
+def key_heads(x, Hg: int, dtype):
+    """``[B, T, Hg, K]`` in ``dtype`` of a per-value-head cotangent ``x [B,
+    T, H, K]``: a key head's is the sum over its value heads (GQA)."""
+    B, T, H, K = x.shape
+    if H == Hg:
+        return x.astype(dtype)
+    return x.reshape(B, T, Hg, H // Hg, K).sum(3).astype(dtype)
 
 
 def chunk_reverse_cumsum(dgc, cu_seqlens=None, chunk_indices=None):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .chunk_bwd_jnp import key_heads
 from .chunk_indices import cdiv, chunk_offsets
 from .chunk_launch import chunk_fwd_grid, chunk_walk_triton, programs_bucket
 from .triton_launch import check_grid, dot_precision, head_fastest_grid, launch, recompute_w_u_triton
@@ -88,11 +89,3 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     return (key_heads(dq, Hg, q.dtype), key_heads(dk + dk_wy, Hg, k.dtype), dv, dg.sum(0) + dg_wy,
             dbeta, dh0)
 
-
-def key_heads(x, Hg: int, dtype):
-    """``[B, T, Hg, K]`` of a per-value-head cotangent ``x [B, T, H, K]``: a
-    key head's is the sum over its value heads (GQA)."""
-    B, T, H, K = x.shape
-    if H == Hg:
-        return x.astype(dtype)
-    return x.reshape(B, T, Hg, H // Hg, K).sum(3).astype(dtype)

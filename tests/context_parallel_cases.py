@@ -119,14 +119,9 @@ def case(seed, shape, names, B, T, Hg, H, *, seq, batch=None, heads=None, cu=Non
 def gpu_path_case(seed, shape, names, **kwargs):
     """The GPU path (its custom_vjp and the kernels' partitioned ops) with
     the launches replaced by their jnp stand-ins (tests/stand_ins.py)."""
-    from stand_ins import bwd_launch, intra_launch, unbatchable, walk_launch  # noqa: E402
+    from stand_ins import gpu_path_on_this_cpu
 
-    from gdn_jax import backend, chunk_bwd, chunk_walk, sharding
-
-    backend.cuda_available = lambda: True
-    sharding.fwd_intra_triton = unbatchable(intra_launch)
-    chunk_walk.chunk_fwd_triton = unbatchable(walk_launch)
-    chunk_bwd.chunk_bwd_triton = unbatchable(bwd_launch)
+    gpu_path_on_this_cpu()
     return case(seed, shape, names, impl="triton", **kwargs)
 
 

@@ -222,26 +222,9 @@ def chunk_grad_gpu_path_case(m):
     """A sharded training step of the GPU path (its custom_vjp), with the
     launches replaced by their jnp references (no GPU here), on a 2 x 2 mesh:
     the forward ops and the backward op run on the devices' blocks."""
-    import jax.custom_batching  # noqa: F401
-    from gdn_jax import backend, chunk_bwd, chunk_walk
-    from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp
-    from gdn_jax.chunk_jnp import chunk_walk_jnp
-    from gdn_jax.reference import fwd_intra_jnp
+    from stand_ins import gpu_path_on_this_cpu
 
-    backend.cuda_available = lambda: True
-    gdn_jax.sharding.fwd_intra_triton = lambda k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path: \
-        fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size, chunk_indices=chunk_indices)
-
-    def walk(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first):
-        N, H, K, V = q.shape[0], u.shape[2], q.shape[3], u.shape[3]
-        return chunk_walk_jnp(q, k, w, u, gc, jnp.zeros((N, H, K, V)) if h0 is None else h0, scale=scale)
-
-    def bwd(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale):
-        z = jnp.zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]))
-        return chunk_bwd_jnp(q, k, v, gc, beta, A, z if h0 is None else h0, do, z if dht is None else dht,
-                             scale=scale)
-
-    chunk_walk.chunk_fwd_triton, chunk_bwd.chunk_bwd_triton = walk, bwd
+    gpu_path_on_this_cpu()
     q, k, v, g, beta, h0 = gdn_inputs(2, 130, 2, 4)
 
     def step(q, k, v, g, beta, h0):

@@ -83,10 +83,20 @@ def bwd_launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale):
     """The backward kernels' launch, by the jnp backward."""
     from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp
 
-    N, H, K, V = (q.shape[0] if cu is None else cu.shape[0] - 1), v.shape[2], q.shape[3], v.shape[3]
-    zeros = jnp.zeros((N, H, K, V), jnp.float32)
-    return chunk_bwd_jnp(q, k, v, gc, beta, A, zeros if h0 is None else h0, do,
-                         zeros if dht is None else dht, cu, ci, scale=scale)
+    return chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=scale)
+
+
+def gpu_path_on_this_cpu():
+    """For the subprocess cases (tests/sharding_cases.py,
+    tests/context_parallel_cases.py): a GPU reported and every launch of the
+    GPU path (fwd_intra, the walk, the backward) replaced by its jnp
+    stand-in, refusing batched inputs as jax-triton does."""
+    from gdn_jax import chunk_bwd, chunk_walk
+
+    backend.cuda_available = lambda: True
+    sharding.fwd_intra_triton = unbatchable(intra_launch)
+    chunk_walk.chunk_fwd_triton = unbatchable(walk_launch)
+    chunk_bwd.chunk_bwd_triton = unbatchable(bwd_launch)
 
 
 @pytest.fixture
