@@ -36,25 +36,13 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
+from bench_chunk import make_inputs  # noqa: E402
 from bench_fwd_intra import wall_median  # noqa: E402
 
 H, HG, K, V = 32, 16, 128, 128
 COLLECTIVE = re.compile(r"=\s*(.*?)\s(all-gather|all-to-all|collective-permute|all-reduce|"
                         r"reduce-scatter)(-start)?\(")
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "f64": 8}
-
-
-def inputs(T, seed=0):
-    """``q, k, v, g, beta, h0`` of one sequence of ``T`` tokens (module docstring)."""
-    key = jax.random.split(jax.random.key(seed), 6)
-    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    q = unit(jax.random.normal(key[0], (1, T, HG, K))).astype(jnp.bfloat16)
-    k = unit(jax.random.normal(key[1], (1, T, HG, K))).astype(jnp.bfloat16)
-    v = jax.random.normal(key[2], (1, T, H, V), jnp.bfloat16)
-    g = jax.nn.log_sigmoid(jax.random.normal(key[3], (1, T, H)))
-    beta = jax.nn.sigmoid(jax.random.normal(key[4], (1, T, H)))
-    h0 = jax.random.normal(key[5], (1, H, K, V))
-    return q, k, v, g, beta, h0
 
 
 def forward(q, k, v, g, beta, h0):
@@ -97,7 +85,7 @@ def run(T, backward: bool):
     devices = jax.devices()
     mesh = jax.make_mesh((len(devices),), ("seq",))
     cp = f"CP x{len(devices)}"
-    plain = [jax.device_put(x, devices[0]) for x in inputs(T)]
+    plain = [jax.device_put(x, devices[0]) for x in make_inputs(1, T, HG, H, K, V, 1)]
     sharded = [jax.device_put(x, NamedSharding(mesh, P(None, "seq") if i < 5 else P()))
                for i, x in enumerate(plain)]
     rows = []

@@ -27,6 +27,7 @@ import gdn_jax
 from gdn_jax.naive_recurrent import naive_recurrent_gated_delta_rule
 from numpy_reference import rel_err
 from segment_walks import run_in_segments
+from test_chunk_grad import draw as draw_inputs
 
 HELPER = pathlib.Path(__file__).resolve().parent / "context_parallel_cases.py"
 SEED = random.randrange(2 ** 20)
@@ -42,12 +43,11 @@ WITHOUT_FINAL = {"seq_partial_chunks_no_states"}
 VARLEN = {"seq_varlen", "seq_x_heads_varlen", "gpu_path_seq_x_heads_varlen", "seq8_varlen_numpy_cu"}
 
 
-def draw(seed, B, T, Hg, H, K, V):
-    rng = np.random.default_rng(seed)
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    return (unit(rng.standard_normal((B, T, Hg, K))), unit(rng.standard_normal((B, T, Hg, K))),
-            rng.standard_normal((B, T, H, V)), -np.logaddexp(0, -rng.standard_normal((B, T, H))),
-            1 / (1 + np.exp(-rng.standard_normal((B, T, H)))), rng.standard_normal((B, H, K, V)))
+def draw(seed, B, T, Hg, H, K, V, N=None):
+    """``q, k, v, g, beta, initial_state`` (``N`` rows, default ``B``) as
+    tests/test_chunk_grad.py draws them."""
+    x, _ = draw_inputs(seed, B, T, Hg, H, K, V, B if N is None else N)
+    return tuple(x.values())
 
 
 @pytest.mark.parametrize("segments, T", [(4, 100)])
@@ -77,8 +77,7 @@ def test_one_device_mesh(solve_by_matmuls):
     fixed length runs on the meshes below)."""
     cu = np.asarray([0, 0, 1, 70, 200], np.int32)
     B, N = 1, 4
-    q, k, v, g, beta, _ = draw(SEED, B, 200, 2, 4, 16, 8)
-    h0 = np.random.default_rng(SEED).standard_normal((N, 4, 16, 8))
+    q, k, v, g, beta, h0 = draw(SEED, B, 200, 2, 4, 16, 8, N)
     args = [jnp.asarray(a, jnp.float32) for a in (q, k, v, g, beta, h0)]
     mesh = jax.make_mesh((1,), ("s",))
     sharded = [jax.device_put(a, NamedSharding(mesh, P(None, "s") if a.ndim == 4 and i < 5

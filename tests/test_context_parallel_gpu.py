@@ -20,12 +20,12 @@ from gdn_jax.naive_recurrent import naive_recurrent_gated_delta_rule
 from numpy_reference import gdn_recurrence_numpy, rel_err
 from segment_walks import run_in_segments
 from test_chunk_gpu import DT, TOL, draw, up
+from test_chunk_grad_gpu import TOL as GRAD_TOL
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not cuda_available(), reason="needs an NVIDIA GPU as JAX's default backend"),
 ]
-GRAD_TOL = {"float32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
 
 
 @pytest.mark.parametrize("dtype", list(DT))
