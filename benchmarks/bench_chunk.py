@@ -33,6 +33,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
 
@@ -54,6 +55,12 @@ SHAPES = {  # name: (B, T, Hg, H, K, V, packed sequence lengths or None)
     "K256": (2, 4096, 16, 16, 256, 256, None),
 }
 LAYER = dict(batch=4, seq_len=4096, hidden=2048, qk_heads=16, v_heads=32, head_dim=128)
+_START = time.perf_counter()
+
+
+def progress(msg):
+    """One line on stderr with the seconds since start: where a cut-off run got to."""
+    print(f"[{time.perf_counter() - _START:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def make_inputs(B, T, Hg, H, K, V, N, seed=0):
@@ -120,10 +127,11 @@ def bench_backward(name, B, T, Hg, H, K, V, lens, with_reference):
         return jax.jit(jax.grad(loss, argnums=range(6)))
 
     for col, impl in [("gdn_jax", "auto")] + ([("jnp", "reference")] if with_reference else []):
-        f = step(impl)
+        f = step(impl).lower(q, k, v, g, beta, h0).compile()  # one compile: timed and measured
         out = [f(q, k, v, g, beta, h0)]
         jax.block_until_ready(out[0])
-        mem = f.lower(q, k, v, g, beta, h0).compile().memory_analysis()
+        progress(f"{name}: {col} compiled and run")
+        mem = f.memory_analysis()
         if mem is not None:
             row[f"{col}_peak_MB"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes
                                      + mem.temp_size_in_bytes) / 2**20
@@ -149,6 +157,7 @@ def bench_backward(name, B, T, Hg, H, K, V, lens, with_reference):
 
         fla_step()
         torch.cuda.synchronize()
+        progress(f"{name}: fla compiled and run")
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         fla_step()
@@ -158,10 +167,12 @@ def bench_backward(name, B, T, Hg, H, K, V, lens, with_reference):
         calls["fla"] = (fla_step, torch.cuda.synchronize)
     for col, (wall, enqueue, steady) in timed_in_turn(calls).items():
         row[f"{col}_ms"], row[f"{col}_steady_ms"] = wall, steady
+    progress(f"{name}: timed")
     if "fla_steady_ms" in row:
         row["fla_over_gdn_jax"] = row["fla_steady_ms"] / row["gdn_jax_steady_ms"]
     if "jnp_steady_ms" in row:
         row["jnp_over_gdn_jax"] = row["jnp_steady_ms"] / row["gdn_jax_steady_ms"]
+    row["jax_configs"] = {key[0]: cfg for key, cfg in gdn_jax.autotune._CHOSEN.items()}
     return row
 
 
@@ -176,17 +187,19 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
         jf = jax.jit(f)
         out = [None]
         jax.block_until_ready(jf(*args))  # compile, autotune
+        progress(f"{name}: {col} compiled and run")
 
         def call():
             out[0] = jf(*args)
 
         calls[col] = (call, lambda: jax.block_until_ready(out[0]))
+        return jf
 
     def forward(impl):
         return lambda q, k, v, g, beta, h0, cu: gdn_jax.chunk_gated_delta_rule(
             q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, impl=impl)
 
-    jax_call("gdn_jax", forward("auto"), q, k, v, g, beta, h0, cu)
+    ours = jax_call("gdn_jax", forward("auto"), q, k, v, g, beta, h0, cu)
 
     def intra(k, v, g, beta, cu):
         ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, T)
@@ -209,9 +222,10 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
             return fla(tq, tk, tv, tg, tb, initial_state=th0, output_final_state=True, cu_seqlens=tcu)
 
         fla_call()
+        progress(f"{name}: fla compiled and run")
         calls["fla"] = (fla_call, torch.cuda.synchronize)
         o_fla, f_fla = fla_call()
-        o, final = jax.jit(forward("auto"))(q, k, v, g, beta, h0, cu)
+        o, final = ours(q, k, v, g, beta, h0, cu)
         # the same function: ours against fla's (both bf16 runs; not a correctness test)
         rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b.astype(jnp.float32))  # noqa: E731
                                  / jnp.linalg.norm(b.astype(jnp.float32)))
@@ -219,6 +233,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
         row["final_rel_diff_vs_fla"] = rel(final, jnp.from_dlpack(f_fla.float().contiguous()))
     for col, (wall, enqueue, steady) in timed_in_turn(calls).items():
         row[f"{col}_ms"], row[f"{col}_enqueue_ms"], row[f"{col}_steady_ms"] = wall, enqueue, steady
+    progress(f"{name}: timed")
     row["walk_ms"] = row["gdn_jax_steady_ms"] - row["fwd_intra_steady_ms"]
     row["io_floor_ms"] = io_bytes(B, T, Hg, H, K, V, N) / bw * 1e3
     row["matrix_floor_ms"] = matrix_flops(B, T, Hg, H, K, V) / rate * 1e3

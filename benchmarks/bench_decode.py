@@ -16,6 +16,10 @@ V]``; batch N sequences of T tokens. Columns (ms per decode call, medians):
 - ``*_gpu_ms``: GPU time, host dispatch left out: gdn_jax as one jitted call
   of 10 chained decode calls (each on the last one's state) divided by 10;
   fla through ``triton.testing.do_bench_cudagraph`` (a CUDA graph of the call);
+- ``gdn_jax_kernel_gpu_ms``: the same kernel launched from torch
+  (:func:`gdn_jax.torch_launch.fused_recurrent_torch`, in place, Triton's
+  autotuner choosing its config for this case) and timed as fla's is, through
+  ``do_bench_cudagraph``: kernel against kernel, without XLA's launch gaps;
 - ``gdn_jax_pool``: gdn_jax on a state pool (``state_indices``, 1.5 N rows),
   float32 states at T = 1 (``--pool-everywhere``: every case);
 - ``floor_ms``: state bytes read + written / copy bandwidth.
@@ -52,7 +56,8 @@ CHAIN = 10  # decode calls chained in one jitted call for the GPU time
 COLUMNS = {  # key: label (chart and table)
     "gdn_jax_ms": "gdn_jax (jit, in place)", "gdn_jax_pool_ms": "gdn_jax, state pool",
     "fla_ms": "fla 0.6 fused_recurrent", "gdn_jax_gpu_ms": "gdn_jax GPU time",
-    "fla_gpu_ms": "fla GPU time", "floor_ms": "state-bytes floor",
+    "fla_gpu_ms": "fla GPU time", "gdn_jax_kernel_gpu_ms": "gdn_jax kernel GPU time (torch launch)",
+    "floor_ms": "state-bytes floor",
 }
 
 
@@ -104,6 +109,31 @@ def fla_function():
     return fused_recurrent_gated_delta_rule
 
 
+def kernel_gpu_ms(xs, h0):
+    """``(ms, config)``: our decode kernel alone, launched from torch on the
+    same inputs (state updated in place), Triton's autotuner choosing the
+    config for this case (its cache cleared: its key has no batch), timed by
+    ``do_bench_cudagraph`` as fla's kernel is."""
+    import torch
+    import triton.testing
+
+    from gdn_jax.kernels.fused_recurrent import gdn_fused_recurrent_kernel
+    from gdn_jax.torch_launch import fused_recurrent_torch
+
+    tq, tk, tv, tg, tb = (torch.from_dlpack(x) for x in xs)
+    state = torch.from_dlpack(jnp.array(h0)).clone()
+    gdn_fused_recurrent_kernel.cache.clear()
+
+    def call():
+        fused_recurrent_torch(tq, tk, tv, tg, tb, initial_state=state, output_final_state=True)
+
+    call()  # autotunes
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median")
+    best = gdn_fused_recurrent_kernel.best_config
+    return ms, dict(best.kwargs, num_warps=best.num_warps, num_stages=best.num_stages)
+
+
 def bench_case(B, T, state_dtype, bw, fla, pool):
     xs, h0 = make_inputs(B, T, state_dtype)
     row = dict(B=B, T=T, state=jnp.dtype(state_dtype).name,
@@ -113,16 +143,16 @@ def bench_case(B, T, state_dtype, bw, fla, pool):
 
     def jax_call(col, idx=None, rows=B):
         """The jitted step on a donated state (a pool of ``rows`` with ``idx``) into ``calls``."""
-        step = jax.jit(decode, donate_argnums=1)
         state = [jnp.concatenate([h0, h0[: rows - B]]) if idx is not None else jnp.array(h0)]
+        # one compile (which times the configs), called and read
+        step = jax.jit(decode, donate_argnums=1).lower(xs, state[0], idx).compile()
+        row[f"{col}_state_writes"] = array_writes(step.as_text(), state[0])  # 0: updated in place
 
         def call():
             state[0] = step(xs, state[0], idx)[1]
 
-        call()  # compiles (and times the configs)
+        call()
         calls[col] = (call, lambda: jax.block_until_ready(state[0]))
-        hlo = step.lower(xs, state[0], idx).compile().as_text()
-        row[f"{col}_state_writes"] = array_writes(hlo, state[0])  # 0: updated in place
 
     jax_call("gdn_jax")
     if pool:
@@ -152,6 +182,7 @@ def bench_case(B, T, state_dtype, bw, fla, pool):
         fla_call()
         torch.cuda.synchronize()
         calls["fla"] = (fla_call, torch.cuda.synchronize)
+        row["gdn_jax_kernel_gpu_ms"], row["torch_launch_config"] = kernel_gpu_ms(xs, h0)
         try:
             row["fla_gpu_ms"] = triton.testing.do_bench_cudagraph(fla_call, rep=100,
                                                                   return_mode="median")
@@ -166,6 +197,8 @@ def bench_case(B, T, state_dtype, bw, fla, pool):
     if fla is not None:
         row["fla_over_gdn_jax"] = row["fla_ms"] / row["gdn_jax_ms"]
         row["fla_gpu_over_gdn_jax_gpu"] = row["fla_gpu_ms"] / row["gdn_jax_gpu_ms"]
+        row["fla_gpu_over_gdn_jax_kernel"] = row["fla_gpu_ms"] / row["gdn_jax_kernel_gpu_ms"]
+        row["gdn_jax_kernel_over_floor"] = row["gdn_jax_kernel_gpu_ms"] / row["floor_ms"]
     return row
 
 
@@ -199,8 +232,9 @@ def plot(rows, path):
 
 TABLE = [("B", "B"), ("T", "T"), ("state", "state"), ("gdn_jax_ms", "gdn_jax"),
          ("gdn_jax_pool_ms", "gdn_jax pool"), ("fla_ms", "fla"), ("gdn_jax_gpu_ms", "gdn_jax GPU"),
-         ("fla_gpu_ms", "fla GPU"), ("floor_ms", "floor"), ("gdn_jax_gpu_over_floor", "GPU/floor"),
-         ("fla_over_gdn_jax", "fla/gdn_jax"), ("fla_gpu_over_gdn_jax_gpu", "fla/gdn_jax GPU")]
+         ("gdn_jax_kernel_gpu_ms", "gdn_jax kernel"), ("fla_gpu_ms", "fla GPU"), ("floor_ms", "floor"),
+         ("gdn_jax_gpu_over_floor", "GPU/floor"), ("gdn_jax_kernel_over_floor", "kernel/floor"),
+         ("fla_over_gdn_jax", "fla/gdn_jax"), ("fla_gpu_over_gdn_jax_kernel", "fla/gdn_jax kernel")]
 
 
 def print_table(rows, versions):
