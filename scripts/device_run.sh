@@ -2,7 +2,7 @@
 # On a GPU machine without a package registry: installs the carried jax-triton
 # wheel and this package into /tmp, then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
+#   phases: info | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels; fla/ with the fla-core wheel for the comparison columns).
 # Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
 set -uo pipefail
@@ -40,6 +40,8 @@ for phase in "$@"; do
     test-cp) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m gpu -p no:cacheprovider tests/test_context_parallel_gpu.py 2>&1 | tee "$OUT/test_cp_jt$JT.log" | tail -12;;
     bench-cp) python3 -P benchmarks/bench_context_parallel.py --out "$OUT" 2>&1 | tee "$OUT/bench_cp.log" | tail -10;;
     bench-decode) python3 -P benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | tail -14;;
+    # GPU time per kernel (ours from the JAX trace, fla's from torch.profiler), forward and forward + backward
+    breakdown) python3 -P benchmarks/kernel_breakdown.py --out "$OUT" 2>&1 | tee "$OUT/breakdown.log" | tail -40;;
     train) python3 -P examples/train_gdn.py --width 256 --heads 2 --v-heads 4 --head-dim 64 --batch 64 --copy-len 32 --dtype bfloat16 2>&1 | tee "$OUT/train.log" | tail -10;;
     # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags
     test-gluon) python3 -P -m pytest -q -rfs -n 8 -p no:cacheprovider tests/test_gluon_gpu.py tests/test_gluon_launch.py 2>&1 | tee "$OUT/test_gluon_jt$JT.log" | tail -12;;

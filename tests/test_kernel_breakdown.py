@@ -1,0 +1,30 @@
+"""benchmarks/kernel_breakdown.py's table, and its refusal without a GPU (the profiling needs one)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from repo_files import ROOT, load_module
+
+SCRIPT = ROOT / "benchmarks" / "kernel_breakdown.py"
+
+
+def test_table_sorted_with_shares(capsys):
+    bench = load_module(SCRIPT)
+    bench.print_table("step", {"small": 0.25, "large": 0.75})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "step: 1.000 ms per call"
+    assert lines[4:] == ["| `large` | 0.7500 | 75.0% |", "| `small` | 0.2500 | 25.0% |"]
+
+
+def test_needs_a_gpu():
+    import gdn_jax
+
+    if gdn_jax.backend.cuda_available():
+        pytest.skip("checks the behaviour without a GPU")
+    out = subprocess.run([sys.executable, str(SCRIPT), "--out", "/tmp"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode != 0 and "needs an NVIDIA GPU" in out.stderr
