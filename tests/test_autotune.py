@@ -110,6 +110,25 @@ def test_a_config_that_fails_is_skipped_and_none_running_falls_back_to_the_fixed
         assert autotune.fastest(CONFIGS, (jnp.ones(3),), failing, "A") == autotune.UNTUNED["A"]
 
 
+def test_configs_compiled_in_threads_pick_the_same_and_report_failures(monkeypatch):
+    monkeypatch.setattr(autotune, "COMPILE_IN_THREADS", True)
+    traced = []
+    ops = (jnp.ones((4, 8), jnp.bfloat16), 8)
+    runs = autotune.compiled_runs(CONFIGS, ops, slow_launch(traced), [0], [ops[0]])
+    assert [kw["BK"] for kw, _ in runs] == [32, 64, 64]
+    assert all(isinstance(run, jax.stages.Compiled) for _, run in runs)  # compiled ahead
+    assert autotune.fastest(CONFIGS, ops, slow_launch(traced), "A") == dict(BK=64, num_warps=1, num_stages=3)
+
+    def launch(ops, BK, num_warps, num_stages):
+        if BK == 32:
+            raise ValueError("out of resources")
+        return ops[0] * 2
+
+    runs = autotune.compiled_runs(CONFIGS, ops, launch, [0], [ops[0]])
+    assert not isinstance(runs[0][1], jax.stages.Compiled)  # left to fail on the caller's thread
+    assert autotune.fastest(CONFIGS, ops, launch, "A")["BK"] == 64
+
+
 def test_stand_ins_for_traced_offsets_are_valid_offsets():
     T, n_rows = 300, gdn_jax.chunk_indices.cdiv(300, 64) + 4
     got = []
