@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -16,3 +19,11 @@ def load_module(relpath):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def refuses_without_a_gpu(script) -> bool:
+    """Whether the script ``script`` (a path), run on JAX's CPU backend, exits
+    non-zero saying it needs an NVIDIA GPU."""
+    out = subprocess.run([sys.executable, str(script), "--out", "/tmp"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    return out.returncode != 0 and "needs an NVIDIA GPU" in out.stderr

@@ -1,13 +1,9 @@
 """benchmarks/kernel_breakdown.py's table, and its refusal without a GPU (the profiling needs one)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from repo_files import ROOT, load_module
+from repo_files import ROOT, load_module, refuses_without_a_gpu
 
 SCRIPT = ROOT / "benchmarks" / "kernel_breakdown.py"
 
@@ -25,6 +21,4 @@ def test_needs_a_gpu():
 
     if gdn_jax.backend.cuda_available():
         pytest.skip("checks the behaviour without a GPU")
-    out = subprocess.run([sys.executable, str(SCRIPT), "--out", "/tmp"], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert out.returncode != 0 and "needs an NVIDIA GPU" in out.stderr
+    assert refuses_without_a_gpu(SCRIPT)
