@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import autotune_store
 from .chunk_indices import chunk_offsets, padding_row, prepare_chunk_indices
 
 # The fixed config per kernel when timing is off (GDN_JAX_AUTOTUNE=0, Triton's
@@ -170,20 +171,30 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
         ``triton.autotune`` keys: a new length reuses the config.
       T: rows of the packed batch (for stand-in ``cu_seqlens``).
 
-    The first call for a key times every config on :func:`stand_ins` of this
-    launch's shapes (a config that fails to compile is skipped) and keeps the
-    fastest; inside :func:`without_timing`, a key not timed yet gets
-    :data:`UNTUNED`.
+    The first call for a key in a process takes the choice an earlier
+    process stored for it (:mod:`gdn_jax.autotune_store`), or times every
+    config on :func:`stand_ins` of this launch's shapes (a config that fails
+    to compile is skipped), keeps the fastest and stores it; inside
+    :func:`without_timing`, a key not chosen yet gets :data:`UNTUNED`.
     """
     if not autotune_enabled():
         return UNTUNED[name]
     key = (name, constexprs, jax.devices()[0].device_kind,
            tuple(str(x.dtype) for x in operands if hasattr(x, "shape")))
+    if key not in _CHOSEN:
+        stored = autotune_store.lookup(key, [config_kwargs(c) for c in configs])
+        if stored is not None:
+            _CHOSEN[key] = stored
     if not timing_allowed():
         return _CHOSEN.get(key, UNTUNED[name])
     if key not in _CHOSEN:
         with jax.ensure_compile_time_eval():
-            _CHOSEN[key] = fastest(configs, stand_ins(operands, T), launch, name)
+            best, errors = timed_fastest(configs, stand_ins(operands, T), launch)
+        if best is None:
+            best = untuned_after_failures(name, errors)
+        else:
+            autotune_store.save(key, [config_kwargs(c) for c in configs], best)
+        _CHOSEN[key] = best
     return _CHOSEN[key]
 
 
@@ -228,6 +239,13 @@ def fastest(configs, operands, launch, name: str) -> dict:
     not fit the device), a warning names the errors and the fixed config
     :data:`UNTUNED` is returned: the real launch then runs, or raises its own
     error."""
+    best, errors = timed_fastest(configs, operands, launch)
+    return best if best is not None else untuned_after_failures(name, errors)
+
+
+def timed_fastest(configs, operands, launch):
+    """``(config kwargs or None, errors)``: :func:`fastest`'s timing; None
+    where no config ran, with each config's error."""
     arrays = [i for i, x in enumerate(operands) if hasattr(x, "shape")]
     args = [operands[i] for i in arrays]
     runs, errors = [], []
@@ -241,7 +259,12 @@ def fastest(configs, operands, launch, name: str) -> dict:
         for run, kwargs, times in runs:
             times.append(call_ms(run, args))
     if not runs:
-        warnings.warn(f"gdn_jax: no config of kernel {name!r} could be timed, launching the fixed "
-                      f"config {UNTUNED[name]}:\n" + "\n".join(errors), RuntimeWarning, stacklevel=2)
-        return UNTUNED[name]
-    return min(runs, key=lambda r: statistics.median(r[2]))[1]
+        return None, errors
+    return min(runs, key=lambda r: statistics.median(r[2]))[1], errors
+
+
+def untuned_after_failures(name: str, errors) -> dict:
+    """:data:`UNTUNED` ``[name]``, with a warning naming why no config could be timed."""
+    warnings.warn(f"gdn_jax: no config of kernel {name!r} could be timed, launching the fixed "
+                  f"config {UNTUNED[name]}:\n" + "\n".join(errors), RuntimeWarning, stacklevel=3)
+    return UNTUNED[name]

@@ -27,9 +27,58 @@ def slow_launch(traced):
 
 
 @pytest.fixture(autouse=True)
-def fresh_cache(monkeypatch):
+def fresh_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_CHOSEN", {})
     monkeypatch.delenv("GDN_JAX_AUTOTUNE", raising=False)
+    monkeypatch.setenv("GDN_JAX_CACHE_DIR", str(tmp_path / "store"))
+
+
+def test_a_new_process_takes_the_stored_choice_without_timing(monkeypatch, tmp_path):
+    traced = []
+    ops = (jnp.ones((4, 8), jnp.bfloat16), 8)
+    first = autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8)
+    assert (tmp_path / "store" / "autotune.json").is_file()
+    n = len(traced)
+    monkeypatch.setattr(autotune, "_CHOSEN", {})  # a new process
+    assert autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8) == first
+    assert len(traced) == n  # read, not timed
+    with autotune.without_timing():  # a stored choice serves the partitioned op too
+        monkeypatch.setattr(autotune, "_CHOSEN", {})
+        assert autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8) == first
+    monkeypatch.setattr(autotune, "_CHOSEN", {})
+    autotune.chosen_config("A", CONFIGS[1:], ops, slow_launch(traced), "sig", T=8)
+    assert len(traced) > n  # other candidates: timed again
+
+
+def test_a_stored_choice_outside_the_candidates_or_a_bad_file_is_timed_again(monkeypatch, tmp_path):
+    from gdn_jax import autotune_store
+
+    traced = []
+    ops = (jnp.ones((4, 8), jnp.bfloat16), 8)
+    candidates = [autotune.config_kwargs(c) for c in CONFIGS]
+    key = ("A", "sig", jax.devices()[0].device_kind, ("bfloat16",))
+    autotune_store.save(key, candidates, dict(BK=128, num_warps=1, num_stages=3))
+    assert autotune_store.lookup(key, candidates) is None
+    assert autotune.chosen_config("A", CONFIGS, ops, slow_launch(traced), "sig", T=8)["BK"] == 64
+    assert traced and autotune_store.lookup(key, candidates)["BK"] == 64  # overwritten
+    (tmp_path / "store" / "autotune.json").write_text("{not json")
+    assert autotune_store.lookup(key, candidates) is None
+
+
+def test_the_fixed_config_after_failures_is_not_stored(tmp_path):
+    def failing(ops, **kw):
+        raise ValueError("out of resources")
+
+    with pytest.warns(RuntimeWarning, match="no config of kernel .A. could be timed"):
+        assert autotune.chosen_config("A", CONFIGS, (jnp.ones(3),), failing, "sig", T=3) == autotune.UNTUNED["A"]
+    assert not (tmp_path / "store" / "autotune.json").exists()
+
+
+def test_no_file_with_an_empty_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("GDN_JAX_CACHE_DIR", "")
+    monkeypatch.chdir(tmp_path)
+    autotune.chosen_config("A", CONFIGS, (jnp.ones(3),), slow_launch([]), "sig", T=3)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_picks_the_fastest_config_once_per_key():
