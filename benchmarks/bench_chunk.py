@@ -109,6 +109,15 @@ def fla_forward():
     return chunk_gated_delta_rule
 
 
+def with_ratios(row):
+    """``row`` with fla's and the jnp path's time over ours, and the configs the JAX autotuner chose."""
+    for col in ("fla", "jnp"):
+        if f"{col}_steady_ms" in row:
+            row[f"{col}_over_gdn_jax"] = row[f"{col}_steady_ms"] / row["gdn_jax_steady_ms"]
+    row["jax_configs"] = {key[0]: cfg for key, cfg in gdn_jax.autotune._CHOSEN.items()}
+    return row
+
+
 def bench_backward(name, B, T, Hg, H, K, V, lens, with_reference):
     """Forward + backward: gdn_jax (jax.grad, Triton path), the jnp path, fla."""
     N = B if lens is None else len(lens)
@@ -168,12 +177,7 @@ def bench_backward(name, B, T, Hg, H, K, V, lens, with_reference):
     for col, (wall, enqueue, steady) in timed_in_turn(calls).items():
         row[f"{col}_ms"], row[f"{col}_steady_ms"] = wall, steady
     progress(f"{name}: timed")
-    if "fla_steady_ms" in row:
-        row["fla_over_gdn_jax"] = row["fla_steady_ms"] / row["gdn_jax_steady_ms"]
-    if "jnp_steady_ms" in row:
-        row["jnp_over_gdn_jax"] = row["jnp_steady_ms"] / row["gdn_jax_steady_ms"]
-    row["jax_configs"] = {key[0]: cfg for key, cfg in gdn_jax.autotune._CHOSEN.items()}
-    return row
+    return with_ratios(row)
 
 
 def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
@@ -239,12 +243,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
     row["matrix_floor_ms"] = matrix_flops(B, T, Hg, H, K, V) / rate * 1e3
     floor = max(row["io_floor_ms"], row["matrix_floor_ms"])
     row["gdn_jax_over_floor"] = row["gdn_jax_steady_ms"] / floor
-    if "fla_steady_ms" in row:
-        row["fla_over_gdn_jax"] = row["fla_steady_ms"] / row["gdn_jax_steady_ms"]
-    if "jnp_steady_ms" in row:
-        row["jnp_over_gdn_jax"] = row["jnp_steady_ms"] / row["gdn_jax_steady_ms"]
-    row["jax_configs"] = {key[0]: cfg for key, cfg in gdn_jax.autotune._CHOSEN.items()}
-    return row
+    return with_ratios(row)
 
 
 def bench_layer():
