@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
-import re
 import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -38,11 +36,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
 from bench_chunk import make_inputs  # noqa: E402
 from bench_fwd_intra import wall_median  # noqa: E402
+import hlo_collectives  # noqa: E402
 
 H, HG, K, V = 32, 16, 128, 128
-COLLECTIVE = re.compile(r"=\s*(.*?)\s(all-gather|all-to-all|collective-permute|all-reduce|"
-                        r"reduce-scatter)(-start)?\(")
-BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "f64": 8}
 
 
 def forward(q, k, v, g, beta, h0):
@@ -55,17 +51,6 @@ def forward_backward(*args):
         o, f = forward(*a)
         return jnp.sum(o.astype(jnp.float32)) + jnp.sum(f)
     return jax.grad(loss, argnums=range(6))(*args)
-
-
-def moved_bytes(compiled) -> int:
-    """Bytes of the results of every collective in the compiled step."""
-    total = 0
-    for line in compiled.as_text().splitlines():
-        hit = COLLECTIVE.search(line)
-        if hit:
-            for dtype, dims in re.findall(r"([a-z]+\d*)\[([\d,]*)\]", hit.group(1)):
-                total += BYTES.get(dtype, 4) * math.prod(int(x) for x in dims.split(",") if x)
-    return total
 
 
 def time_step(fn, args):
@@ -97,7 +82,7 @@ def run(T, backward: bool):
                 ms, compiled = time_step(fn, args)
                 row[column] = round(ms, 3)
                 if column == cp:
-                    row["moved_bytes"] = moved_bytes(compiled)
+                    row["moved_bytes"] = hlo_collectives.result_bytes(compiled.as_text())
             except Exception as e:  # noqa: BLE001 - out of memory and the like, in the table
                 row[column] = f"{type(e).__name__}: {str(e)[:200]}"
         print(json.dumps(row), flush=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import sys
 import time
 import traceback
@@ -35,32 +34,18 @@ import gdn_jax  # noqa: E402
 import gdn_jax.reference  # noqa: E402
 from gdn_jax.naive_recurrent import naive_recurrent_gated_delta_rule  # noqa: E402
 from numpy_reference import rel_err as rel  # noqa: E402
+from repo_files import load_module  # noqa: E402
+from sharding_specs import spec_of  # noqa: E402
 from stand_ins import doubling_solve  # noqa: E402
 from test_chunk_grad import draw  # noqa: E402
 
-COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce", "reduce-scatter")
+hlo_collectives = load_module("benchmarks/hlo_collectives.py")
+
 ARGS = ("q", "k", "v", "g", "beta", "initial_state")
 K, V = 16, 8
 
 
 gdn_jax.reference.solve_triangular = doubling_solve
-
-
-def collectives(hlo: str):
-    """``[kind, shape]`` of every collective's result in compiled HLO text
-    (tuple results: each element)."""
-    found = []
-    for line in hlo.splitlines():
-        hit = re.search(rf"=\s*(.*?)\s({'|'.join(COLLECTIVES)})(-start)?\(", line)
-        if hit:
-            for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]", hit.group(1)):
-                found.append([hit.group(2), [int(x) for x in dims.split(",") if x]])
-    return found
-
-
-def spec_of(x):
-    spec = tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec))
-    return [list(e) if isinstance(e, tuple) else e for e in spec]
 
 
 def case(seed, shape, names, B, T, Hg, H, *, seq, batch=None, heads=None, cu=None, h0=True,
@@ -100,7 +85,8 @@ def case(seed, shape, names, B, T, Hg, H, *, seq, batch=None, heads=None, cu=Non
     ref_outs, ref_grads = jax.jit(step)(*f32, None if cu is None else jnp.asarray(cu))
     err = max(rel(a, b) for a, b in zip(outs + grads, ref_outs + ref_grads))
     D = int(np.prod([m.shape[a] for a in (seq if isinstance(seq, tuple) else (seq,))]))
-    result = dict(err=err, specs=[spec_of(o) for o in outs], collectives=collectives(hlo),
+    collectives = [[kind, dims] for kind, _, dims in hlo_collectives.collectives(hlo)]
+    result = dict(err=err, specs=[spec_of(o) for o in outs], collectives=collectives,
                   T_local=T // D, state_elems=D * max(N, B) * H * K * (V + K))
     if float64:
         with jax.enable_x64(True):

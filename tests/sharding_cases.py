@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import sys
 import traceback
 
@@ -33,8 +32,9 @@ import gdn_jax.sharding  # noqa: E402
 from gdn_jax.chunk import chunk_gated_delta_rule  # noqa: E402
 from inputs import make_inputs  # noqa: E402
 from repo_files import load_module  # noqa: E402
+from sharding_specs import spec_of  # noqa: E402
 
-COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce", "reduce-scatter")
+hlo_collectives = load_module("benchmarks/hlo_collectives.py")
 
 
 _lapack.initialize()
@@ -78,21 +78,12 @@ def _logged_batch_head_axes(mesh, k, v, varlen):
 gdn_jax.sharding.batch_head_axes = _logged_batch_head_axes
 
 
-def collectives(hlo: str) -> dict:
-    return {c: len(re.findall(rf"\s{c}(-start)?\(", hlo)) for c in COLLECTIVES}
-
-
 def mesh(shape, names, axis_type=AxisType.Explicit):
     return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape))
 
 
 def put(m, x, *spec):
     return None if x is None else jax.device_put(x, NamedSharding(m, P(*spec)))
-
-
-def spec_of(x):
-    spec = tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec))
-    return [list(e) if isinstance(e, tuple) else e for e in spec]
 
 
 def scaled_err(o, r) -> float:
@@ -112,7 +103,7 @@ def run(f, args, sharded):
     ref = jax.jit(f)(*args)
     err = max(scaled_err(o, r) for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
     return dict(err=err, specs=[spec_of(o) for o in jax.tree.leaves(out)],
-                collectives=collectives(hlo), plans=plans)
+                collectives=hlo_collectives.counts(hlo), plans=plans)
 
 
 def intra_case(m, B, T, Hg, H, bspec, kspec, hspec, cu=None):
@@ -195,7 +186,7 @@ def triton_branch_case():
     partitioned = lambda *a: gdn_jax.sharding.fwd_intra_sharded(*a, impl="triton")  # noqa: E731
     result = run(partitioned, (k, v, g, beta), sharded)
     result["config_timing_allowed"] = timing
-    result["collectives_unpartitioned"] = collectives(
+    result["collectives_unpartitioned"] = hlo_collectives.counts(
         jax.jit(fwd_intra_jnp).lower(*sharded).compile().as_text())
     return result
 
