@@ -116,7 +116,7 @@ def plot_shapes(rows, path):
     fig.savefig(path, dpi=120)
 
 
-def timed(fn, sync, n_inner=20, reps=7, warmup=3, long=5):
+def timed(fn, sync, n_inner=20, reps=7, warmup=3, long=5, batch_ms=100.0):
     """``(wall, enqueue, steady)`` ms per call, medians over ``reps``:
 
     - wall: ``n_inner`` back-to-back calls then ``sync``, per call (it includes
@@ -127,10 +127,19 @@ def timed(fn, sync, n_inner=20, reps=7, warmup=3, long=5):
     - steady: the cost of one more call in a stream of calls, the slope
       between batches of ``n_inner`` and ``long * n_inner`` calls (taken in
       turn), which leaves the one-off latency and drain out.
+
+    Calls slower than ``batch_ms / n_inner`` run in batches of about
+    ``batch_ms`` (at least 3 calls), so that a 40 ms call costs seconds, not
+    minutes; faster calls keep ``n_inner``.
     """
     for _ in range(warmup):
         fn()
     sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    one_ms = (time.perf_counter() - t0) * 1e3
+    n_inner = max(3, min(n_inner, int(batch_ms / max(one_ms, 1e-6))))
     times, queued, longer = [], [], []
 
     def batch(n):
