@@ -45,7 +45,11 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         return zeros(q), zeros(k), zeros(v), jnp.zeros(gc.shape, f32), jnp.zeros(beta.shape, f32), dh0
     NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
     grid = head_fastest_grid(NT, H, B)
-    check_grid("backward", grid, ("chunks * value heads (NT * H)", "batch rows B"))
+    BK = _pow2(K)
+    BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
+    NK = cdiv(K, BKl)
+    check_grid("backward", (grid[0] * NK, grid[1]),
+               ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     cu = cu_seqlens if varlen else dummy
     ci = chunk_indices if varlen else dummy
@@ -59,7 +63,6 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
     from .kernels.wy_bwd import gdn_wy_bwd_kernel
 
-    BK = _pow2(K)
     rows = jax.ShapeDtypeStruct((B, T, H, V), f32)
     dv_new, dh, dh0 = launch(
         "chunk_bwd_walk", gdn_chunk_bwd_walk_kernel,
@@ -69,15 +72,13 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]), tune_key=("programs", programs_bucket(N, H)),
         H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
         DOT_PRECISION=prec)
-    BKl = min(64, BK)
-    NK = cdiv(K, BKl)
     per_head_k = jax.ShapeDtypeStruct((B, T, H, K), f32)
     dq, dk, dw, dg = launch(
         "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
         out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
-        grid=grid + (NK,), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen,
+        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen,
         DOT_PRECISION=prec)
     dk_wy, dv, dbeta, dg_wy = launch(
         "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),

@@ -221,7 +221,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
     local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False)
-    local[(NT * H, B, NK)](
+    local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **local_config)
     dk_wy = torch.empty_like(dq)

@@ -4,7 +4,9 @@ leaving-state cotangent ``dS'``.
 
 Written from docs/math.md ("Gradients"; ``gdn_jax/chunk_bwd_jnp.py`` is its jnp
 reference). One program per (chunk, value head, block of ``BK`` key columns),
-on the head-fastest grid of the intra kernels (``tiles.program_chunk``), with
+on the head-fastest grid of the intra kernels (``tiles.program_chunk``) with
+the K blocks fastest (the blocks of one chunk run side by side and read its
+``v'``, ``do`` and ``dv'`` once from HBM, the second time from L2), with
 the chunk's entering state ``S`` (a row of ``h``), ``dS'`` (a row of ``dh``),
 ``v'``, ``do``, ``dv'``; ``e = exp(gc)``, ``E_ij = exp(gc_i - gc_j)`` for
 ``i >= j``, ``D = scale (do v'^T) E``::
@@ -57,12 +59,13 @@ def gdn_chunk_bwd_local_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
+    NK: tl.constexpr = (K + BK - 1) // BK
+    i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN, NK)
     if i_t * BT >= seq_len:
         return
-    i_k = tl.program_id(2)
+    i_k = tl.program_id(0) % NK
     if IS_VARLEN:  # the chunk's row in h and dh: its place in the chunk list
-        h_row = (tl.program_id(0) // H).to(tl.int64)
+        h_row = (tl.program_id(0) // (NK * H)).to(tl.int64)
     else:
         h_row = tl.program_id(1).to(tl.int64) * ((T + BT - 1) // BT) + i_t
     i_hk = i_h // (H // Hg)

@@ -103,11 +103,14 @@ def store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: t
 
 
 @triton.jit
-def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr):
+def program_chunk(cu_seqlens, chunk_indices, T, H: tl.constexpr, IS_VARLEN: tl.constexpr,
+                  INNER: tl.constexpr = 1):
     """``(i_t, i_h, bos, T)`` of this program on the head-fastest grid: the
     chunk's index inside its sequence, the value head, the sequence's first row
-    (64-bit, so that offsets stay right past 2^31 elements) and its length."""
-    i_th, i_b = tl.program_id(0), tl.program_id(1)
+    (64-bit, so that offsets stay right past 2^31 elements) and its length.
+    ``INNER``: programs per (chunk, head) on axis 0, fastest of all (a
+    kernel's blocks of one chunk; ``tl.program_id(0) % INNER`` is the block)."""
+    i_th, i_b = tl.program_id(0) // INNER, tl.program_id(1)
     i_t, i_h = i_th // H, i_th % H
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)

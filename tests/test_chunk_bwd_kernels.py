@@ -62,9 +62,11 @@ def test_packed():
     run("float32", 1, 200, 2, 4, 32, 16, cu=[0, 0, 1, 70, 200], seed=3)
 
 
-def test_head_dims_past_one_block():
-    """K = 96 (two K blocks of 64 in the per-chunk kernel, a masked tail), V = 40."""
-    run("float32", 1, 70, 1, 2, 96, 40, seed=4)
+@pytest.mark.parametrize("B,T,cu", [(1, 70, None), (2, 70, None), (1, 150, [0, 1, 70, 150])])
+def test_head_dims_past_one_block(B, T, cu):
+    """K = 96 (two K blocks of 64 in the per-chunk kernel, a masked tail), V = 40;
+    batch rows and packed sequences (the K blocks share axis 0 with chunks and heads)."""
+    run("float32", B, T, 1, 2, 96, 40, cu=cu, seed=4)
 
 
 def test_strong_gates_in_a_partial_chunk():
