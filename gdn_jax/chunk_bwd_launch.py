@@ -63,7 +63,10 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
     from .kernels.wy_bwd import gdn_wy_bwd_kernel
 
-    rows = jax.ShapeDtypeStruct((B, T, H, V), f32)
+    # dv' in k's dtype: both kernels that read it round it to that dtype for
+    # their dots (the per-chunk kernel to k's, the WY one to A's, which is
+    # k's), so storing it rounded gives the same bits at half the bytes
+    rows = jax.ShapeDtypeStruct((B, T, H, V), k.dtype)
     dv_new, dh, dh0 = launch(
         "chunk_bwd_walk", gdn_chunk_bwd_walk_kernel,
         (q, k, w, gc, do, dummy if dht is None else dht.astype(f32), cu,

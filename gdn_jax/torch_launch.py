@@ -203,7 +203,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     _, _, h, vn = chunk_fwd_torch(k, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
                                   output_final_state=False, write_o=False, store_h=True, store_v=True,
                                   autotune=False, config=config, dot_precision=dot_precision)
-    dv_new = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
+    dv_new = torch.empty(B, T, H, V, device=dev, dtype=k.dtype)  # as chunk_bwd_launch: read rounded to k's dtype
     dh = torch.empty_like(h)
     dh0 = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
     walk, walk_config = tuned_or_fixed(gdn_chunk_bwd_walk_kernel, "chunk_bwd_walk", False)
