@@ -151,18 +151,18 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "backward reverse walk (chunk_bwd_walk)": triton_kernel(
         "chunk_bwd_walk", "gdn_chunk_bwd_walk_kernel",
         lambda s: dict(q=BF, k=BF, w=BF, gc=F32, do=BF, dht=F32, cu_seqlens=I32, chunk_offsets=I32,
-                       scale="fp32", T="i32", dv=F32, dh=BF, dh0=F32),
+                       scale="fp32", T="i32", dv=BF, dh=BF, dh0=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, USE_DHT=True, IS_VARLEN=s.varlen,
                        DOT_PRECISION="tf32")),
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
-        lambda s: dict(q=BF, k=BF, v_new=BF, gc=F32, do=BF, dv=F32, h=BF, dh=BF, cu_seqlens=I32,
+        lambda s: dict(q=BF, k=BF, v_new=BF, gc=F32, do=BF, dv=BF, h=BF, dh=BF, cu_seqlens=I32,
                        chunk_indices=I32, scale="fp32", T="i32", dq=F32, dk=F32, dw=BF, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=s.K, IS_VARLEN=s.varlen,
                        DOT_PRECISION="tf32")),
     "backward WY (wy_bwd)": triton_kernel(
         "wy_bwd", "gdn_wy_bwd_kernel",
-        lambda s: dict(k=BF, v=BF, beta=F32, gc=F32, A=BF, dw=BF, du=F32, cu_seqlens=I32,
+        lambda s: dict(k=BF, v=BF, beta=F32, gc=F32, A=BF, dw=BF, du=BF, cu_seqlens=I32,
                        chunk_indices=I32, T="i32", dk=F32, dv=BF, dbeta=F32, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, BV=s.K, IS_VARLEN=s.varlen,
                        DOT_PRECISION="tf32")),
