@@ -8,7 +8,13 @@
 set -uo pipefail
 JT=$1; shift
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TRITON_CACHE_DIR=/tmp/triton_cache
+# Compiles carry over between the processes of one machine: jax-triton 0.4
+# compiles Triton to PTX itself (Triton's cache does not see it) and XLA
+# assembles the PTX, so JAX's persistent cache keeps the executables; the
+# autotuner's choices go to GDN_JAX_CACHE_DIR.
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TRITON_CACHE_DIR=/tmp/triton_cache \
+  JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+  GDN_JAX_CACHE_DIR=/tmp/gdn_jax_cache
 python3 -m pip install -q --no-index --no-deps --target /tmp/jt$JT .whl/jt$JT/*.whl || exit 1
 # The package as users get it (kernels/ mapped to gdn_jax.kernels); a copy if the
 # image's setuptools cannot build it offline.
