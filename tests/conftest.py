@@ -11,8 +11,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 if jax.default_backend() == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# The autotuner's choices stay in the test processes (tests/test_autotune.py
-# gives the store a folder of its own where it tests it).
+# The autotuner's choices stay in the test processes unless the environment
+# names a folder (scripts/device_run.sh does, so that its test processes share
+# them); tests/test_autotune.py gives the store a folder of its own.
 os.environ.setdefault("GDN_JAX_CACHE_DIR", "")
 
 
