@@ -183,19 +183,20 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
         return UNTUNED[name]
     key = (name, constexprs, jax.devices()[0].device_kind,
            tuple(str(x.dtype) for x in operands if hasattr(x, "shape")))
+    candidates = [config_kwargs(c) for c in configs]
     if key not in _CHOSEN:
-        stored = autotune_store.lookup(key, [config_kwargs(c) for c in configs])
+        stored = autotune_store.lookup(key, candidates)
         if stored is not None:
             _CHOSEN[key] = stored
     if not timing_allowed():
         return _CHOSEN.get(key, UNTUNED[name])
     if key not in _CHOSEN:
         with jax.ensure_compile_time_eval():
-            best, errors = timed_fastest(configs, stand_ins(operands, T), launch)
+            best, errors = fastest(configs, stand_ins(operands, T), launch)
         if best is None:
             best = untuned_after_failures(name, errors)
         else:
-            autotune_store.save(key, [config_kwargs(c) for c in configs], best)
+            autotune_store.save(key, candidates, best)
         _CHOSEN[key] = best
     return _CHOSEN[key]
 
@@ -210,12 +211,14 @@ def compiled_runs(configs, operands, launch, arrays, args) -> list:
     compiled ahead in threads where that is safe (Python >= 3.12: 3.11's
     ``ast.parse``, which Triton's compile calls, fails in concurrent
     threads). Triton's and XLA's compilers release the GIL for much of their
-    work: the walk's 4 row-form configs compile for sm_90a in 1.5 s on 2
-    threads against 3.2 s one after the other (triton 3.6, Python 3.12).
+    work: the walk's 4 row-form configs compile for sm_90a in 1.3 to 1.6 s
+    on 2 threads against 2.7 to 3.2 s one after the other (triton 3.6,
+    Python 3.12, three runs).
     A run whose compile failed in a thread (a thread sees none of the
     caller's JAX context managers) is left to compile on the first call, in
     the caller's thread, which reports its own error."""
-    pending = [(config_kwargs(c), repeated(launch, operands, arrays, config_kwargs(c))) for c in configs]
+    kwargs = [config_kwargs(c) for c in configs]
+    pending = [(kw, repeated(launch, operands, arrays, kw)) for kw in kwargs]
     workers = min(len(pending), os.cpu_count() or 1, 8)
     if not COMPILE_IN_THREADS or workers < 2:
         return pending
@@ -231,23 +234,15 @@ def compiled_runs(configs, operands, launch, arrays, args) -> list:
     return [(kwargs, run) for (kwargs, _), run in zip(pending, ahead)]
 
 
-def fastest(configs, operands, launch, name: str) -> dict:
-    """Config kwargs of the config with the lowest median time of
+def fastest(configs, operands, launch):
+    """``(config kwargs, errors)``: the config with the lowest median time of
     :data:`ROUNDS` timed calls of :func:`repeated` launches, the configs
-    timed in turn (so that a drift of the GPU's clocks favours none).
-
-    A config that fails (out of shared memory, say) is skipped. If none runs
-    (the stand-ins, a second copy of the launch's operands and outputs, may
-    not fit the device), a warning names the errors and the fixed config
-    :data:`UNTUNED` is returned: the real launch then runs, or raises its own
-    error."""
-    best, errors = timed_fastest(configs, operands, launch)
-    return best if best is not None else untuned_after_failures(name, errors)
-
-
-def timed_fastest(configs, operands, launch):
-    """``(config kwargs or None, errors)``: :func:`fastest`'s timing; None
-    where no config ran, with each config's error."""
+    timed in turn (so that a drift of the GPU's clocks favours none), and
+    each failed config's error. A config that fails (out of shared memory,
+    say) is skipped; where none runs (the stand-ins, a second copy of the
+    launch's operands and outputs, may not fit the device) the kwargs are
+    None (:func:`chosen_config` then launches :data:`UNTUNED`, with
+    :func:`untuned_after_failures`'s warning)."""
     arrays = [i for i, x in enumerate(operands) if hasattr(x, "shape")]
     args = [operands[i] for i in arrays]
     runs, errors = [], []

@@ -150,13 +150,13 @@ def test_a_config_that_fails_is_skipped_and_none_running_falls_back_to_the_fixed
             raise ValueError("out of resources")
         return ops[0] * 2
 
-    assert autotune.fastest(CONFIGS, (jnp.ones(3),), launch, "A")["BK"] == 64
+    assert autotune.fastest(CONFIGS, (jnp.ones(3),), launch)[0]["BK"] == 64
 
     def failing(ops, **kw):
         raise ValueError("out of resources")
 
     with pytest.warns(RuntimeWarning, match="(?s)no config of kernel .A. could be timed.*out of resources"):
-        assert autotune.fastest(CONFIGS, (jnp.ones(3),), failing, "A") == autotune.UNTUNED["A"]
+        assert autotune.chosen_config("A", CONFIGS, (jnp.ones(3),), failing, "sig", T=3) == autotune.UNTUNED["A"]
 
 
 def test_configs_compiled_in_threads_pick_the_same_and_report_failures(monkeypatch):
@@ -166,7 +166,7 @@ def test_configs_compiled_in_threads_pick_the_same_and_report_failures(monkeypat
     runs = autotune.compiled_runs(CONFIGS, ops, slow_launch(traced), [0], [ops[0]])
     assert [kw["BK"] for kw, _ in runs] == [32, 64, 64]
     assert all(isinstance(run, jax.stages.Compiled) for _, run in runs)  # compiled ahead
-    assert autotune.fastest(CONFIGS, ops, slow_launch(traced), "A") == dict(BK=64, num_warps=1, num_stages=3)
+    assert autotune.fastest(CONFIGS, ops, slow_launch(traced))[0] == dict(BK=64, num_warps=1, num_stages=3)
 
     def launch(ops, BK, num_warps, num_stages):
         if BK == 32:
@@ -175,7 +175,7 @@ def test_configs_compiled_in_threads_pick_the_same_and_report_failures(monkeypat
 
     runs = autotune.compiled_runs(CONFIGS, ops, launch, [0], [ops[0]])
     assert not isinstance(runs[0][1], jax.stages.Compiled)  # left to fail on the caller's thread
-    assert autotune.fastest(CONFIGS, ops, launch, "A")["BK"] == 64
+    assert autotune.fastest(CONFIGS, ops, launch)[0]["BK"] == 64
 
 
 def test_stand_ins_for_traced_offsets_are_valid_offsets():
