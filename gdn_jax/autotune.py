@@ -57,6 +57,22 @@ UNTUNED = {
     "wy_bwd": dict(num_warps=8, num_stages=2),
     "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
 }
+# ... and where a float32 launch (every float operand float32) of a kernel
+# needs another: the per-chunk backward at 8 warps asks 233472 bytes of shared
+# memory of triton 3.6 (4 warps: 229376), past the H200's 232448 per program.
+UNTUNED_FLOAT32 = {
+    "chunk_bwd_local": dict(num_warps=4, num_stages=2),
+}
+
+
+def untuned(name: str, operands=()) -> dict:
+    """The fixed config of kernel ``name`` for a launch of ``operands``:
+    :data:`UNTUNED_FLOAT32` where it has one and every float operand is
+    float32, else :data:`UNTUNED`."""
+    floats = [x.dtype for x in operands if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
+    if floats and all(d == jnp.float32 for d in floats):
+        return UNTUNED_FLOAT32.get(name, UNTUNED[name])
+    return UNTUNED[name]
 
 _CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs
 _TIMING = contextvars.ContextVar("gdn_jax_autotune_timing", default=True)
@@ -180,7 +196,7 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
     :func:`without_timing`, a key not chosen yet gets :data:`UNTUNED`.
     """
     if not autotune_enabled():
-        return UNTUNED[name]
+        return untuned(name, operands)
     key = (name, constexprs, jax.devices()[0].device_kind,
            tuple(str(x.dtype) for x in operands if hasattr(x, "shape")))
     candidates = [config_kwargs(c) for c in configs]
@@ -189,12 +205,12 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
         if stored is not None:
             _CHOSEN[key] = stored
     if not timing_allowed():
-        return _CHOSEN.get(key, UNTUNED[name])
+        return _CHOSEN.get(key, untuned(name, operands))
     if key not in _CHOSEN:
         with jax.ensure_compile_time_eval():
             best, errors = fastest(configs, stand_ins(operands, T), launch)
         if best is None:
-            best = untuned_after_failures(name, errors)
+            best = untuned_after_failures(name, errors, operands)
         else:
             autotune_store.save(key, candidates, best)
         _CHOSEN[key] = best
@@ -260,8 +276,9 @@ def fastest(configs, operands, launch):
     return min(runs, key=lambda r: statistics.median(r[2]))[1], errors
 
 
-def untuned_after_failures(name: str, errors) -> dict:
-    """:data:`UNTUNED` ``[name]``, with a warning naming why no config could be timed."""
+def untuned_after_failures(name: str, errors, operands=()) -> dict:
+    """:func:`untuned`, with a warning naming why no config could be timed."""
+    config = untuned(name, operands)
     warnings.warn(f"gdn_jax: no config of kernel {name!r} could be timed, launching the fixed "
-                  f"config {UNTUNED[name]}:\n" + "\n".join(errors), RuntimeWarning, stacklevel=3)
-    return UNTUNED[name]
+                  f"config {config}:\n" + "\n".join(errors), RuntimeWarning, stacklevel=3)
+    return config

@@ -62,6 +62,7 @@ class Shape:
     H: int = 32
     Hg: int = 16
     varlen: bool = False
+    dtype: str = BF  # q, k, v, do (and the tensors kept in their dtype) of the chunk kernels
 
     @property
     def heads(self) -> dict:
@@ -84,12 +85,18 @@ def triton_kernel(module: str, name: str, types, constexprs, configs=None):
         fn = getattr(kernel, "fn", kernel)
         out = []
         for config in configs or kernel.configs:
-            label = ", ".join([*(f"{k}={v}" for k, v in config.kwargs.items()),
-                               f"warps={config.num_warps}", f"stages={config.num_stages}"])
+            label = config_label(dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages))
             out.append((label, lambda config=config: compile_triton(
                 fn, types(shape), {**constexprs(shape), **config.kwargs}, config)))
         return out
     return compiles
+
+
+def config_label(kwargs: dict) -> str:
+    """A row's config column: ``kwargs`` of a launch (constexprs, ``num_warps``, ``num_stages``)."""
+    rest = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+    return ", ".join([*(f"{k}={v}" for k, v in sorted(rest.items())),
+                      f"warps={kwargs['num_warps']}", f"stages={kwargs.get('num_stages', 3)}"])
 
 
 def compile_triton(fn, types: dict, constexprs: dict, config):
@@ -132,7 +139,7 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
         lambda s: dict(k=BF, g=F32, beta=F32, **WORK, A=BF), lambda s: dict(**s.heads, BC=BC, **s.flags)),
     "recompute_w_u": triton_kernel(
         "recompute_w_u", "recompute_w_u_fwd_kernel",
-        lambda s: dict(k=BF, v=BF, beta=F32, g=F32, A=BF, **WORK, w=BF, u=BF),
+        lambda s: dict(k=s.dtype, v=s.dtype, beta=F32, g=F32, A=s.dtype, **WORK, w=s.dtype, u=s.dtype),
         lambda s: dict(**s.heads, V=s.K, **wu_blocks(s.K, s.K), **s.flags)),
     "one-kernel (fused_intra)": triton_kernel(
         "fused_intra", "gdn_fwd_intra_fused_kernel",
@@ -144,26 +151,27 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "gluon_intra (impl='gluon')": gluon_kernel,
     "chunk walk (chunk_fwd)": triton_kernel(
         "chunk_fwd", "gdn_chunk_fwd_kernel",
-        lambda s: dict(q=BF, k=BF, w=BF, u=BF, gc=F32, h0=F32, cu_seqlens=I32, chunk_offsets=I32,
-                       scale="fp32", T="i32", o=BF, ht=F32, h=BF, v_new=BF),
+        lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, u=s.dtype, gc=F32, h0=F32, cu_seqlens=I32,
+                       chunk_offsets=I32, scale="fp32", T="i32", o=s.dtype, ht=F32, h=s.dtype, v_new=s.dtype),
         lambda s: dict(**chunk_fwd_constexprs(s.Hg, s.H, s.K, s.K, True, True, s.varlen, False, "tf32"),
                        WRITE_O=True, STORE_H=False, STORE_V=False)),
     "backward reverse walk (chunk_bwd_walk)": triton_kernel(
         "chunk_bwd_walk", "gdn_chunk_bwd_walk_kernel",
-        lambda s: dict(q=BF, k=BF, w=BF, gc=F32, do=BF, dht=F32, cu_seqlens=I32, chunk_offsets=I32,
-                       scale="fp32", T="i32", dv=BF, dh=BF, dh0=F32),
+        lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, gc=F32, do=s.dtype, dht=F32, cu_seqlens=I32,
+                       chunk_offsets=I32, scale="fp32", T="i32", dv=s.dtype, dh=s.dtype, dh0=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, USE_DHT=True, IS_VARLEN=s.varlen,
                        DOT_PRECISION="tf32")),
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
-        lambda s: dict(q=BF, k=BF, v_new=BF, gc=F32, do=BF, dv=BF, h=BF, dh=BF, cu_seqlens=I32,
-                       chunk_indices=I32, scale="fp32", T="i32", dq=F32, dk=F32, dw=BF, dg=F32),
+        lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,
+                       dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=F32, dk=F32,
+                       dw=s.dtype, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=s.K, IS_VARLEN=s.varlen,
                        DOT_PRECISION="tf32")),
     "backward WY (wy_bwd)": triton_kernel(
         "wy_bwd", "gdn_wy_bwd_kernel",
-        lambda s: dict(k=BF, v=BF, beta=F32, gc=F32, A=BF, dw=BF, du=BF, cu_seqlens=I32,
-                       chunk_indices=I32, T="i32", dk=F32, dv=BF, dbeta=F32, dg=F32),
+        lambda s: dict(k=s.dtype, v=s.dtype, beta=F32, gc=F32, A=s.dtype, dw=s.dtype, du=s.dtype,
+                       cu_seqlens=I32, chunk_indices=I32, T="i32", dk=F32, dv=s.dtype, dbeta=F32, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, BV=s.K, IS_VARLEN=s.varlen,
                        DOT_PRECISION="tf32")),
     "decode (fused_recurrent)": triton_kernel(

@@ -17,6 +17,7 @@ def load_module(relpath):
     path = ROOT / relpath
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

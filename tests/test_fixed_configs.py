@@ -1,0 +1,65 @@
+"""The fixed configs (``gdn_jax.autotune.untuned``: GDN_JAX_AUTOTUNE=0, and
+the multi-device calls that cannot time) of the chunk form's kernels fit an
+sm_90 program's shared memory for bf16 and float32 inputs, compiled offline
+with the installed triton at K = V = 128 (no GPU needed). CI runs it on the
+newest triton and on 3.6, the GPU machine's, which asks more shared memory of
+some kernels (the per-chunk backward at 8 warps, float32: 233472 bytes on 3.6,
+217088 on 3.9)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from repo_files import ROOT
+
+pytest.importorskip("triton.backends.nvidia")
+
+SM90_SHARED = 232448  # bytes one program may ask for on sm_90 (227 KB, CUDA's opt-in limit)
+ROWS = {  # scripts/ptxas_report.py's row -> the kernel's name in gdn_jax.autotune
+    "recompute_w_u": "recompute_w_u",
+    "chunk walk (chunk_fwd)": "chunk_fwd",
+    "backward reverse walk (chunk_bwd_walk)": "chunk_bwd_walk",
+    "backward per chunk (chunk_bwd_local)": "chunk_bwd_local",
+    "backward WY (wy_bwd)": "wy_bwd",
+}
+DTYPES = ("bfloat16", "float32")
+
+# Compiled in a fresh process without TRITON_INTERPRET (this one imported
+# the kernels under the interpreter, whose functions do not compile).
+_COMPILE = """
+import json, sys
+import jax.numpy as jnp
+sys.path.insert(0, "scripts")
+import ptxas_report as report
+from gdn_jax.autotune import untuned
+out = {}
+for row, name in json.loads(sys.argv[1]).items():
+    for dtype, pointer in (("bfloat16", report.BF), ("float32", report.F32)):
+        operands = (jnp.zeros(1, dtype), jnp.zeros(1, jnp.float32))
+        config = report.config_label(untuned(name, operands))
+        compiles = dict(report.KERNELS[row](report.Shape(dtype=pointer)))
+        out[row + "/" + dtype] = [config, compiles[config]().metadata.shared if config in compiles
+                                  else sorted(compiles)]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def shared_bytes():
+    env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(ROWS)], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("row", ROWS)
+def test_the_fixed_config_fits_shared_memory(shared_bytes, row, dtype):
+    config, shared = shared_bytes[row + "/" + dtype]
+    assert isinstance(shared, int), f"{config} is not one of {row}'s autotuning configs: {shared}"
+    assert shared <= SM90_SHARED, f"{row} {config}, {dtype}: {shared} bytes of shared memory"
