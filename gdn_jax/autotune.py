@@ -45,7 +45,7 @@ from .chunk_indices import chunk_offsets, padding_row, prepare_chunk_indices
 # except kkt_solve (picked there: BK=32, 1 warp), whose fixed config stays the
 # one the GPU tests' recorded errors of the seed path were measured with, and
 # the backward's per-chunk and WY kernels, not timed alone yet: 8 warps, where
-# they do not spill (at 4 they spill 504 and 836 bytes, docs/triton_versions.md).
+# they do not spill (at 4 they spill 576 and 516 bytes, docs/triton_versions.md).
 UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
     "recompute_w_u": dict(num_warps=8, num_stages=3),

@@ -24,7 +24,7 @@ from .chunk_jnp import chunk_local_cumsum
 from .chunk_walk import chunk_walk
 from .intra import fwd_intra
 from .options import state_from_k_major, state_to_k_major
-from .sharding import Layout, partitioned, sharded_call
+from .sharding import Layout, partitioned, sharded_call, varying_like
 
 
 class BwdStatic(NamedTuple):
@@ -126,8 +126,10 @@ def _core_bwd(static, residuals, cotangents):
         dhtk, cu, ci, scale=static.scale, triton=static.walk_triton)
     da = chunk_reverse_cumsum(dgc, cu, ci)
     dh0 = None if h0 is None else state_from_k_major(dh0, static.v_first).astype(h0.dtype)
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), da.astype(jnp.float32),
-            dbeta.astype(beta.dtype), dh0, None, None)
+    grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), da.astype(jnp.float32),
+             dbeta.astype(beta.dtype), dh0)
+    # gc varies as the gates it is the cumsum of
+    return (*map(varying_like, grads, (q, k, v, gc, beta, h0)), None, None)
 
 
 gdn_core.defvjp(core_forward, _core_bwd)

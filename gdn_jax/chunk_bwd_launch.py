@@ -27,6 +27,15 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+def value_block(V: int, itemsize: int) -> int:
+    """``BV`` of the per-chunk and WY backward kernels: the whole ``V`` in one
+    block up to 256 columns of a 2-byte dtype or 128 of float32 (their V
+    tiles then take what 128 columns of float32 do, which fits an sm_90
+    program's shared memory: 229376 bytes at 4 warps, triton 3.6;
+    256 float32 columns asked 393216). ``itemsize``: bytes of k's dtype."""
+    return min(_pow2(V), 512 // itemsize)
+
+
 def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
                      chunk_indices=None, *, scale):
     """``(dq, dk, dv, dgc, dbeta, dh0)`` of the chunked forward on the GPU,
@@ -81,13 +90,14 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
         out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
-        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen,
+        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=value_block(V, k.dtype.itemsize),
+        IS_VARLEN=varlen,
         DOT_PRECISION=prec)
     dk_wy, dv, dbeta, dg_wy = launch(
         "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
         out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
              jax.ShapeDtypeStruct(gc.shape, f32)),
-        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=_pow2(V), IS_VARLEN=varlen,
+        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=value_block(V, k.dtype.itemsize), IS_VARLEN=varlen,
         DOT_PRECISION=prec)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk + dk_wy, Hg, k.dtype), dv, dg.sum(0) + dg_wy,

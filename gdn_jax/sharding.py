@@ -215,6 +215,18 @@ def inside_manual_body() -> bool:
     return not mesh.empty and all(t == AxisType.Manual for t in mesh.axis_types)
 
 
+def varying_like(x, like):
+    """``x`` varying over every manual mesh axis that ``like`` varies over.
+    Inside a ``jax.shard_map`` body a Triton launch's results vary over none
+    (jax-triton's custom call gives its results no such axes), and a
+    ``custom_vjp`` backward must return each cotangent with its primal's."""
+    if x is None or like is None:
+        return x
+    varying = lambda a: jax.typeof(a).manual_axis_type.varying  # noqa: E731 (jax 0.10 and 0.11)
+    missing = tuple(sorted(varying(like) - varying(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
 def sharded_call(op, per_device: Callable, static, layout: Layout, arrays):
     """``per_device(static, *arrays)``, split over batch and heads under
     ``jax.jit`` where the arrays are sharded (``op``: :func:`partitioned`

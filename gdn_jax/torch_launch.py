@@ -161,10 +161,6 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
     return tuple(x if want else None for x, want in zip(outs, wanted))
 
 
-def _pow2(n: int) -> int:
-    return max(16, 1 << (n - 1).bit_length())
-
-
 def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None, *, scale,
                     dot_precision="tf32", config=None):
     """The backward of the chunked forward from the Triton kernels on torch
@@ -175,6 +171,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     WY backward; then the sums over K blocks and value heads (torch)."""
     import torch
 
+    from .chunk_bwd_launch import _pow2, value_block
     from .chunk_indices import chunk_offsets
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
@@ -223,7 +220,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False)
     local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **local_config)
+        V=V, BT=64, BK=BKl, BV=value_block(V, k.element_size()), IS_VARLEN=varlen,
+        DOT_PRECISION=dot_precision, **local_config)
     dk_wy = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
@@ -231,7 +229,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False)
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
-        BT=64, BK=BK, BV=_pow2(V), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **wy_config)
+        BT=64, BK=BK, BV=value_block(V, k.element_size()), IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
+        **wy_config)
     heads = lambda x: x.view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA
     return heads(dq), heads(dk + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
 

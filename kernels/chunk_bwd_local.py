@@ -19,7 +19,8 @@ the chunk's entering state ``S`` (a row of ``h``), ``dS'`` (a row of ``dh``),
 
 Each K block writes its share of ``dgc`` (a row of ``dg [NK, B, T, H]``; the
 launcher sums them). ``dq`` and ``dk`` are per value head (float32); the
-launcher sums a key head's value heads. The full ``V`` is one tile (``BV >= V``).
+launcher sums a key head's value heads. The sums over ``V`` run over blocks of
+``BV`` columns (one block where shared memory allows).
 """
 import triton
 import triton.language as tl
@@ -73,24 +74,37 @@ def gdn_chunk_bwd_local_kernel(
 
     o_t = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
     r = (i_t * BT + o_t).to(tl.int64)
     m_t = r < seq_len
     m_tk = m_t[:, None] & (o_k < K)[None, :]
-    m_tv = m_t[:, None] & (o_v < V)[None, :]
-    m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
     rows_k = (bos + r)[:, None] * (Hg * K) + i_hk * K + o_k[None, :]  # q, k
     rows_hk = (bos + r)[:, None] * (H * K) + i_h * K + o_k[None, :]  # dq, dk, dw
-    rows_v = (bos + r)[:, None] * (H * V) + i_h * V + o_v[None, :]
-    s_offsets = (h_row * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
-
     b_q = tl.load(q + rows_k, mask=m_tk, other=0)
     b_k = tl.load(k + rows_k, mask=m_tk, other=0)
-    b_vn = tl.load(v_new + rows_v, mask=m_tv, other=0)
-    b_do = tl.load(do + rows_v, mask=m_tv, other=0)
-    b_dv = tl.load(dv + rows_v, mask=m_tv, other=0).to(b_k.dtype)
-    b_s = tl.load(h + s_offsets, mask=m_s, other=0)  # S [BK, BV], k.dtype
-    b_ds = tl.load(dh + s_offsets, mask=m_s, other=0)  # dS'
+
+    # The sums over V, a block of BV columns at a time (one block where V
+    # fits: BV = V up to what shared memory allows, chunk_bwd_launch.value_block)
+    b_dov = tl.zeros([BT, BT], dtype=tl.float32)  # do v'^T
+    b_dos = tl.zeros([BT, BK], dtype=tl.float32)  # do S^T
+    b_vds = tl.zeros([BT, BK], dtype=tl.float32)  # v' dS'^T
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)  # -dv' S^T
+    b_sds = tl.zeros([BK], dtype=tl.float32)  # rows of <dS', S>
+    for i_v in tl.static_range((V + BV - 1) // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
+        rows_v = (bos + r)[:, None] * (H * V) + i_h * V + o_v[None, :]
+        s_offsets = (h_row * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
+        b_vn = tl.load(v_new + rows_v, mask=m_tv, other=0)
+        b_do = tl.load(do + rows_v, mask=m_tv, other=0)
+        b_dv = tl.load(dv + rows_v, mask=m_tv, other=0).to(b_k.dtype)
+        b_s = tl.load(h + s_offsets, mask=m_s, other=0)  # S [BK, BV], k.dtype
+        b_ds = tl.load(dh + s_offsets, mask=m_s, other=0)  # dS'
+        b_dov += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PRECISION)
+        b_dos += tl.dot(b_do, tl.trans(b_s), input_precision=DOT_PRECISION)
+        b_vds += tl.dot(b_vn, tl.trans(b_ds), input_precision=DOT_PRECISION)
+        b_dw -= tl.dot(b_dv, tl.trans(b_s), input_precision=DOT_PRECISION)
+        b_sds += tl.sum(b_ds.to(tl.float32) * b_s.to(tl.float32), axis=1)
     b_g = tl.load(gc + (bos + r) * H + i_h, mask=m_t, other=0).to(tl.float32)
     last = (tl.minimum(i_t * BT + BT, seq_len) - 1).to(tl.int64)
     g_last = tl.load(gc + (bos + last) * H + i_h).to(tl.float32)
@@ -99,13 +113,10 @@ def gdn_chunk_bwd_local_kernel(
 
     causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]  # rows past the end: gate 0, exp overflows
     b_E = tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], float("-inf")))
-    b_D = scale * tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PRECISION) * b_E  # [i, j]
+    b_D = scale * b_dov * b_E  # [i, j]
     b_Dx = b_D.to(b_k.dtype)
-    b_dos = tl.dot(b_do, tl.trans(b_s), input_precision=DOT_PRECISION)  # do S^T [BT, BK]
     b_dq = scale * b_e[:, None] * b_dos + tl.dot(b_Dx, b_k, input_precision=DOT_PRECISION)
-    b_vds = tl.dot(b_vn, tl.trans(b_ds), input_precision=DOT_PRECISION)  # v' dS'^T [BT, BK]
     b_dk = tl.dot(tl.trans(b_Dx), b_q, input_precision=DOT_PRECISION) + b_decay[:, None] * b_vds
-    b_dw = -tl.dot(b_dv, tl.trans(b_s), input_precision=DOT_PRECISION)
     tl.store(dq + rows_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dw + rows_hk, b_dw.to(dw.dtype.element_ty), mask=m_tk)
@@ -114,8 +125,7 @@ def gdn_chunk_bwd_local_kernel(
     b_c = b_decay * tl.sum(b_k.to(tl.float32) * b_vds, axis=1)
     b_dg = tl.sum(b_P, axis=1) - tl.sum(b_P, axis=0) + scale * b_e * tl.sum(
         b_dos * b_q.to(tl.float32), axis=1) - b_c
-    b_dgl = tl.exp(g_last) * tl.sum(tl.sum(b_ds.to(tl.float32) * b_s.to(tl.float32), axis=1), axis=0) \
-        + tl.sum(b_c, axis=0)
+    b_dgl = tl.exp(g_last) * tl.sum(b_sds, axis=0) + tl.sum(b_c, axis=0)
     b_dg += tl.where(r == last, b_dgl, 0)
     dg_rows = i_k.to(tl.int64) * tl.num_programs(1) * T * H  # this K block's share: B x T x H
     tl.store(dg + dg_rows + (bos + r) * H + i_h, b_dg, mask=m_t)

@@ -13,7 +13,8 @@ head::
     dL     = strict_tril(-A^T (du (beta v)^T + dw (beta e k)^T) A^T),  G = (k k^T) E
 
 One program per (chunk, value head) on the head-fastest grid of the intra
-kernels (``tiles.program_chunk``), the whole ``K`` and ``V`` as one tile each;
+kernels (``tiles.program_chunk``), the whole ``K`` as one tile, ``V`` in
+blocks of ``BV`` columns (one where shared memory allows);
 ``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``dk`` is per value head
 (float32; the launcher sums a key head's value heads and adds the walk's part).
 """
@@ -59,36 +60,39 @@ def gdn_wy_bwd_kernel(
     i_hk = i_h // (H // Hg)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
     r = (i_t * BT + o_t).to(tl.int64)
     m_t = r < seq_len
     m_tk = m_t[:, None] & (o_k < K)[None, :]
-    m_tv = m_t[:, None] & (o_v < V)[None, :]
     rows = (bos + r) * H + i_h  # [BT]: row and value head of beta, gc
     rows_hk = rows[:, None] * K + o_k[None, :]
-    rows_hv = rows[:, None] * V + o_v[None, :]
 
     b_k = tl.load(k + (bos + r)[:, None] * (Hg * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0)
-    b_v = tl.load(v + rows_hv, mask=m_tv, other=0)
     b_beta = tl.load(beta + rows, mask=m_t, other=0).to(tl.float32)
     b_g = tl.load(gc + rows, mask=m_t, other=0).to(tl.float32)
     b_e = tl.where(m_t, tl.exp(b_g), 0)
     b_A = tl.load(A + rows[:, None] * BT + o_t[None, :], mask=m_t[:, None] & m_t[None, :], other=0)
     b_dw = tl.load(dw + rows_hk, mask=m_tk, other=0).to(b_A.dtype)
-    b_du = tl.load(du + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
 
-    b_Atdu = tl.dot(tl.trans(b_A), b_du, input_precision=DOT_PRECISION)  # [BT, BV]
     b_Atdw = tl.dot(tl.trans(b_A), b_dw, input_precision=DOT_PRECISION)  # [BT, BK]
     b_kf = b_k.to(tl.float32)
-    tl.store(dv + rows_hv, (b_beta[:, None] * b_Atdu).to(dv.dtype.element_ty), mask=m_tv)
-    b_db = tl.sum(b_Atdu * b_v.to(tl.float32), axis=1) + b_e * tl.sum(b_Atdw * b_kf, axis=1)
+    b_db = b_e * tl.sum(b_Atdw * b_kf, axis=1)
     b_dk = (b_beta * b_e)[:, None] * b_Atdw
     b_dg = b_beta * b_e * tl.sum(b_Atdw * b_kf, axis=1)
-
-    b_bv = (b_beta[:, None] * b_v.to(tl.float32)).to(b_A.dtype)
     b_bk = ((b_beta * b_e)[:, None] * b_kf).to(b_A.dtype)
-    b_dA = tl.dot(b_du, tl.trans(b_bv), input_precision=DOT_PRECISION) + tl.dot(
-        b_dw, tl.trans(b_bk), input_precision=DOT_PRECISION)
+    b_dA = tl.dot(b_dw, tl.trans(b_bk), input_precision=DOT_PRECISION)
+    # The V side, a block of BV columns at a time (one block where V fits:
+    # BV = V up to what shared memory allows, chunk_bwd_launch.value_block)
+    for i_v in tl.static_range((V + BV - 1) // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        rows_hv = rows[:, None] * V + o_v[None, :]
+        b_v = tl.load(v + rows_hv, mask=m_tv, other=0)
+        b_du = tl.load(du + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
+        b_Atdu = tl.dot(tl.trans(b_A), b_du, input_precision=DOT_PRECISION)  # [BT, BV]
+        tl.store(dv + rows_hv, (b_beta[:, None] * b_Atdu).to(dv.dtype.element_ty), mask=m_tv)
+        b_db += tl.sum(b_Atdu * b_v.to(tl.float32), axis=1)
+        b_bv = (b_beta[:, None] * b_v.to(tl.float32)).to(b_A.dtype)
+        b_dA += tl.dot(b_du, tl.trans(b_bv), input_precision=DOT_PRECISION)
     b_dL = tl.dot(b_dA.to(b_A.dtype), tl.trans(b_A), input_precision=DOT_PRECISION)
     b_dL = -tl.dot(tl.trans(b_A), b_dL.to(b_A.dtype), input_precision=DOT_PRECISION)
     strict = (o_t[:, None] > o_t[None, :]) & m_t[:, None] & m_t[None, :]

@@ -72,3 +72,10 @@ def test_head_dims_past_one_block(B, T, cu):
 def test_strong_gates_in_a_partial_chunk():
     """Gates of -16 softplus per step: the padding rows of a partial chunk stay out of the exponents."""
     run("float32", 1, 100, 1, 2, 32, 16, seed=6, gate_scale=16.0)
+
+
+@pytest.mark.parametrize("B,T,cu", [(2, 70, None), (1, 150, [0, 1, 70, 150])])
+def test_value_columns_past_one_block(B, T, cu):
+    """V = 160 in float32: the per-chunk and WY kernels' sums over V run over
+    two blocks of 128 columns (chunk_bwd_launch.value_block), the second masked."""
+    run("float32", B, T, 1, 2, 32, 160, cu=cu, seed=7)

@@ -144,3 +144,28 @@ def test_reference_stays_differentiable_and_vmappable():
     for i in range(2):
         for a, b in zip(batched, fwd((i + 1) * v)):
             np.testing.assert_allclose(np.asarray(a[i]), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_varying_like_gives_a_cotangent_its_primals_manual_axes():
+    """Inside a shard_map body a value made there (as a Triton launch's
+    result) varies over no manual axis; ``varying_like`` makes it vary as the
+    primal does, which a custom_vjp backward must return."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from gdn_jax.sharding import varying_like
+
+    def body(x):
+        fresh = jnp.zeros(x.shape, x.dtype)
+        assert jax.typeof(fresh).manual_axis_type.varying == frozenset()
+        assert jax.typeof(varying_like(fresh, x)).manual_axis_type.varying == frozenset({"s"})
+        assert varying_like(None, x) is None and varying_like(x, None) is x
+        return varying_like(fresh, x) + x
+
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((1,), ("s",))
+    x = jax.device_put(jnp.ones(4), NamedSharding(mesh, P("s")))
+    out = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("s"), out_specs=P("s")))(x)
+    assert (out == 1).all()
