@@ -7,6 +7,10 @@ over the measured bf16 matrix rate.
 
     python benchmarks/bench_chunk.py [--out DIR] [--shapes a,b] [--no-reference] [--no-layer] [--backward]
 
+With ``GDN_JAX_AUTOTUNE=0`` our kernels run their fixed configs (one compile
+each: minutes less on a fresh machine, for comparing kernel changes; the
+JSON records ``autotuned``).
+
 ``--backward`` times forward + backward instead (``jax.grad`` of ``sum(o * do)
 + sum(final * dht)`` with respect to q, k, v, g, beta and the initial state;
 fla's ``backward`` of the same loss) and records each side's peak memory of
@@ -338,7 +342,8 @@ def main():
     bw, rate = copy_bandwidth(), matrix_rate()
     versions = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
                     copy_TBps=round(bw / 1e12, 3), bf16_TFLOPs=round(rate / 1e12, 1),
-                    jax_trivial_dispatch_ms=jax_dispatch_ms())
+                    jax_trivial_dispatch_ms=jax_dispatch_ms(),
+                    autotuned=gdn_jax.autotune.autotune_enabled())  # GDN_JAX_AUTOTUNE=0: fixed configs
     for mod in ("jax_triton", "triton", "torch", "fla"):
         if importlib.util.find_spec(mod) is not None:
             versions[mod] = getattr(__import__(mod), "__version__", "?")

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
-from bench_chunk import SHAPES, fla_forward, make_inputs  # noqa: E402
+from bench_chunk import SHAPES, fla_forward, make_inputs, progress  # noqa: E402
 
 # Lines of the GPU plane that repeat the kernels' time under another grouping.
 AGGREGATE_LINES = ("XLA Modules", "XLA Ops", "TensorFlow", "Source", "Steps", "Launch")
@@ -143,12 +143,15 @@ def main():
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ours, arrays, fla = steps(*SHAPES[args.shape])
-    result = dict(shape=args.shape, reps=args.reps, jax=jax.__version__, steps={})
+    result = dict(shape=args.shape, reps=args.reps, jax=jax.__version__,
+                  autotuned=gdn_jax.autotune.autotune_enabled(), steps={})
     for step, fn in ours.items():
         times, lines = jax_kernel_ms(fn, arrays, args.reps)
+        progress(f"{step}: gdn_jax profiled")
         result["steps"][step] = dict(gdn_jax=times, gpu_plane_lines=sorted(set(lines)))
         if step in fla:
             result["steps"][step]["fla"] = torch_kernel_ms(fla[step], args.reps)
+            progress(f"{step}: fla profiled")
         (out / "kernel_breakdown.json").write_text(json.dumps(result, indent=1))
     for step, r in result["steps"].items():
         print_table(f"gdn-jax {step}, {args.shape}", r["gdn_jax"])
