@@ -57,6 +57,7 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     BK = _pow2(K)
     BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
     NK = cdiv(K, BKl)
+    BV = value_block(V, k.dtype.itemsize)  # the per-chunk and WY kernels' V blocks
     check_grid("backward", (grid[0] * NK, grid[1]),
                ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
@@ -90,14 +91,13 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
         out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
-        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=value_block(V, k.dtype.itemsize),
-        IS_VARLEN=varlen,
+        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BV, IS_VARLEN=varlen,
         DOT_PRECISION=prec)
     dk_wy, dv, dbeta, dg_wy = launch(
         "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
         out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
              jax.ShapeDtypeStruct(gc.shape, f32)),
-        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=value_block(V, k.dtype.itemsize), IS_VARLEN=varlen,
+        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen,
         DOT_PRECISION=prec)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk + dk_wy, Hg, k.dtype), dv, dg.sum(0) + dg_wy,

@@ -213,6 +213,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **walk_config)
     BKl = min(64, BK)
     NK = cdiv(K, BKl)
+    BV = value_block(V, k.element_size())  # as chunk_bwd_launch
     dq = torch.empty(B, T, H, K, device=dev, dtype=torch.float32)
     dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
@@ -220,8 +221,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False)
     local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, BV=value_block(V, k.element_size()), IS_VARLEN=varlen,
-        DOT_PRECISION=dot_precision, **local_config)
+        V=V, BT=64, BK=BKl, BV=BV, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **local_config)
     dk_wy = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
@@ -229,8 +229,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False)
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
-        BT=64, BK=BK, BV=value_block(V, k.element_size()), IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
-        **wy_config)
+        BT=64, BK=BK, BV=BV, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **wy_config)
     heads = lambda x: x.view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA
     return heads(dq), heads(dk + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
 

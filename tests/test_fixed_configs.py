@@ -30,6 +30,11 @@ ROWS = {  # scripts/ptxas_report.py's row -> the kernel's name in gdn_jax.autotu
 DTYPES = ("bfloat16", "float32")
 DIMS = (128, 256)
 
+# The walk and the backward run where the walk's tiles fit (chunk_launch.walk_kernel_fits:
+# not float32 at K = 256, which runs them in jnp); fwd_intra's w/u kernel runs everywhere.
+CASES = [(row, dtype, K) for row in ROWS for dtype in DTYPES for K in DIMS
+         if ROWS[row] == "recompute_w_u" or walk_kernel_fits(dtype, K)]
+
 # Compiled in a fresh process without TRITON_INTERPRET (this one imported
 # the kernels under the interpreter, whose functions do not compile).
 _COMPILE = """
@@ -39,15 +44,13 @@ sys.path.insert(0, "scripts")
 import ptxas_report as report
 from gdn_jax.autotune import untuned
 out = {}
-rows, dims = json.loads(sys.argv[1])
-for row, name in rows.items():
-    for dtype, pointer in (("bfloat16", report.BF), ("float32", report.F32)):
-        for K in dims:
-            operands = (jnp.zeros(1, dtype), jnp.zeros(1, jnp.float32))
-            config = report.config_label(untuned(name, operands))
-            compiles = dict(report.KERNELS[row](report.Shape(K=K, dtype=pointer)))
-            out[f"{row}/{dtype}/{K}"] = [config, compiles[config]().metadata.shared if config in compiles
-                                         else sorted(compiles)]
+for row, name, dtype, K in json.loads(sys.argv[1]):
+    operands = (jnp.zeros(1, dtype), jnp.zeros(1, jnp.float32))
+    config = report.config_label(untuned(name, operands))
+    pointer = {"bfloat16": report.BF, "float32": report.F32}[dtype]
+    compiles = dict(report.KERNELS[row](report.Shape(K=K, dtype=pointer)))
+    out[f"{row}/{dtype}/{K}"] = [config, compiles[config]().metadata.shared if config in compiles
+                                 else sorted(compiles)]
 print(json.dumps(out))
 """
 
@@ -55,16 +58,11 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def shared_bytes():
     env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([ROWS, DIMS])], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=600)
+    cases = json.dumps([(row, ROWS[row], dtype, K) for row, dtype, K in CASES])
+    out = subprocess.run([sys.executable, "-c", _COMPILE, cases], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.splitlines()[-1])
-
-
-# The walk and the backward run where the walk's tiles fit (chunk_launch.walk_kernel_fits:
-# not float32 at K = 256, which runs them in jnp); fwd_intra's w/u kernel runs everywhere.
-CASES = [(row, dtype, K) for row in ROWS for dtype in DTYPES for K in DIMS
-         if ROWS[row] == "recompute_w_u" or walk_kernel_fits(dtype, K)]
 
 
 @pytest.mark.parametrize("row, dtype, K", CASES)

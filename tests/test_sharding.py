@@ -152,6 +152,7 @@ def test_varying_like_gives_a_cotangent_its_primals_manual_axes():
     primal does, which a custom_vjp backward must return."""
     import jax
     import jax.numpy as jnp
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from gdn_jax.sharding import varying_like
@@ -162,8 +163,6 @@ def test_varying_like_gives_a_cotangent_its_primals_manual_axes():
         assert jax.typeof(varying_like(fresh, x)).manual_axis_type.varying == frozenset({"s"})
         assert varying_like(None, x) is None and varying_like(x, None) is x
         return varying_like(fresh, x) + x
-
-    from jax.sharding import NamedSharding
 
     mesh = jax.make_mesh((1,), ("s",))
     x = jax.device_put(jnp.ones(4), NamedSharding(mesh, P("s")))
