@@ -80,7 +80,7 @@ def torch_kernel_ms(fn, reps: int) -> dict:
     return times
 
 
-def steps(B, T, Hg, H, K, V, lens):
+def steps(B, T, Hg, H, K, V, lens, with_fla=True):
     """The jitted forward and forward + backward, their arguments, and fla's two steps (or None)."""
     N = B if lens is None else len(lens)
     q, k, v, g, beta, h0 = make_inputs(B, T, Hg, H, K, V, N)
@@ -98,7 +98,7 @@ def steps(B, T, Hg, H, K, V, lens):
 
     args = (q, k, v, g, beta, h0)
     ours = {"forward": jax.jit(forward), "forward + backward": jax.jit(jax.grad(loss, argnums=range(6)))}
-    fla = fla_forward()
+    fla = fla_forward() if with_fla else None
     if fla is None:
         return ours, args, {}
     import fla.ops.common.chunk_o as fla_chunk_o
@@ -137,12 +137,13 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shape", default="headline", choices=list(SHAPES))
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--no-fla", action="store_true", help="profile gdn-jax only")
     args = p.parse_args()
     if not gdn_jax.backend.cuda_available():
         sys.exit("kernel_breakdown.py profiles the GPU path: it needs an NVIDIA GPU as JAX's default backend")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ours, arrays, fla = steps(*SHAPES[args.shape])
+    ours, arrays, fla = steps(*SHAPES[args.shape], with_fla=not args.no_fla)
     result = dict(shape=args.shape, reps=args.reps, jax=jax.__version__,
                   autotuned=gdn_jax.autotune.autotune_enabled(), steps={})
     for step, fn in ours.items():
