@@ -27,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import json
 import os
 import statistics
 import sys
@@ -63,15 +64,32 @@ UNTUNED = {
 UNTUNED_FLOAT32 = {
     "chunk_bwd_local": dict(num_warps=4, num_stages=2),
 }
+# ... and where many programs run (a launch's ``("programs", N * H bucket)``
+# tune key at or past the first number; not float32, whose tiles at BV=64 ask
+# 246276 bytes of shared memory): the walk's pick at B=8 T=4096 and
+# T=32768 in 8 sequences (the transposed form, BV=64), against the row form
+# with BV=32 at one long sequence (docs/performance.md).
+UNTUNED_MANY_PROGRAMS = {
+    "chunk_fwd": (128, dict(BV=64, TRANSPOSED=True, num_warps=4, num_stages=2)),
+}
 
 
-def untuned(name: str, operands=()) -> dict:
+def untuned(name: str, operands=(), programs: int | None = None) -> dict:
     """The fixed config of kernel ``name`` for a launch of ``operands``:
     :data:`UNTUNED_FLOAT32` where it has one and every float operand is
-    float32, else :data:`UNTUNED`."""
+    float32, else :data:`UNTUNED_MANY_PROGRAMS` where it has one and the
+    launch's ``programs`` bucket reaches it, else :data:`UNTUNED`;
+    ``GDN_JAX_FIXED_CONFIGS`` (JSON, ``{name: config kwargs}``) replaces
+    them, to time one config against another."""
+    override = json.loads(os.environ.get("GDN_JAX_FIXED_CONFIGS", "{}")).get(name)
+    if override is not None:
+        return dict(override)
     floats = [x.dtype for x in operands if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
     if floats and all(d == jnp.float32 for d in floats):
         return UNTUNED_FLOAT32.get(name, UNTUNED[name])
+    if name in UNTUNED_MANY_PROGRAMS and programs is not None \
+            and programs >= UNTUNED_MANY_PROGRAMS[name][0]:
+        return dict(UNTUNED_MANY_PROGRAMS[name][1])
     return UNTUNED[name]
 
 _CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs
@@ -195,8 +213,10 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
     to compile is skipped), keeps the fastest and stores it; inside
     :func:`without_timing`, a key not chosen yet gets :data:`UNTUNED`.
     """
+    keys = list(constexprs) if isinstance(constexprs, tuple) else []
+    programs = keys[keys.index("programs") + 1] if "programs" in keys else None  # the tune key's bucket
     if not autotune_enabled():
-        return untuned(name, operands)
+        return untuned(name, operands, programs)
     key = (name, constexprs, jax.devices()[0].device_kind,
            tuple(str(x.dtype) for x in operands if hasattr(x, "shape")))
     candidates = [config_kwargs(c) for c in configs]
@@ -205,7 +225,7 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
         if stored is not None:
             _CHOSEN[key] = stored
     if not timing_allowed():
-        return _CHOSEN.get(key, untuned(name, operands))
+        return _CHOSEN.get(key, untuned(name, operands, programs))
     if key not in _CHOSEN:
         with jax.ensure_compile_time_eval():
             best, errors = fastest(configs, stand_ins(operands, T), launch)

@@ -203,3 +203,17 @@ def test_stand_ins_for_traced_offsets_are_valid_offsets():
     np.testing.assert_array_equal(ci_[: len(real)], real)
     np.testing.assert_array_equal(ci_[len(real):], np.tile(padding_row(T, 64), (n_rows - len(real), 1)))
     assert (np.asarray(dummy) == 0).all() and T_ == T  # concrete operands kept
+
+
+def test_fixed_configs_by_dtype_programs_and_environment(monkeypatch):
+    bf16, f32 = jnp.zeros(1, jnp.bfloat16), jnp.zeros(1, jnp.float32)
+    assert autotune.untuned("chunk_fwd", (bf16, f32)) == autotune.UNTUNED["chunk_fwd"]
+    assert autotune.untuned("chunk_fwd", (bf16, f32), programs=64) == autotune.UNTUNED["chunk_fwd"]
+    many = autotune.untuned("chunk_fwd", (bf16, f32), programs=256)
+    assert many == autotune.UNTUNED_MANY_PROGRAMS["chunk_fwd"][1] != autotune.UNTUNED["chunk_fwd"]
+    # float32 keeps the narrow V block at any width (BV=64 does not fit shared memory)
+    assert autotune.untuned("chunk_fwd", (f32,), programs=256) == autotune.UNTUNED["chunk_fwd"]
+    assert autotune.untuned("chunk_bwd_local", (f32,)) == autotune.UNTUNED_FLOAT32["chunk_bwd_local"]
+    monkeypatch.setenv("GDN_JAX_FIXED_CONFIGS", '{"chunk_fwd": {"BV": 16, "num_warps": 8}}')
+    assert autotune.untuned("chunk_fwd", (bf16,), programs=256) == {"BV": 16, "num_warps": 8}
+    assert autotune.untuned("wy_bwd", (bf16,)) == autotune.UNTUNED["wy_bwd"]

@@ -143,9 +143,15 @@ def test_options(record_errors):
     record_errors("gpu grad options", "bfloat16", errs)
 
 
-def test_vmap_of_grad_equals_each():
+@pytest.mark.parametrize("cu", [None, [0, 70, 130, 200]])
+def test_vmap_of_grad_equals_each(cu):
+    """Fixed length and packed (the examples' sequences folded into one
+    launch, forward and backward)."""
+    cu_j = None if cu is None else jnp.asarray(cu, jnp.int32)
+
     def loss(q, k, v, g, beta):
-        return jnp.sum(gdn_jax.chunk_gated_delta_rule(q, k, v, g, beta)[0].astype(jnp.float32))
+        o = gdn_jax.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu_j)[0]
+        return jnp.sum(o.astype(jnp.float32))
     xs = [draw(30 + e, 1, 200, 2, 4, 128, 128, 1, "bfloat16")[0] for e in range(2)]
     stack = [jnp.stack([jnp.asarray(x[a], jnp.bfloat16 if a in "qkv" else jnp.float32) for x in xs])
              for a in ARGS[:5]]

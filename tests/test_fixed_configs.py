@@ -46,11 +46,12 @@ from gdn_jax.autotune import untuned
 out = {}
 for row, name, dtype, K in json.loads(sys.argv[1]):
     operands = (jnp.zeros(1, dtype), jnp.zeros(1, jnp.float32))
-    config = report.config_label(untuned(name, operands))
     pointer = {"bfloat16": report.BF, "float32": report.F32}[dtype]
     compiles = dict(report.KERNELS[row](report.Shape(K=K, dtype=pointer)))
-    out[f"{row}/{dtype}/{K}"] = [config, compiles[config]().metadata.shared if config in compiles
-                                 else sorted(compiles)]
+    for programs in (1, 1024):  # few and many programs (autotune.UNTUNED_MANY_PROGRAMS)
+        config = report.config_label(untuned(name, operands, programs))
+        out[f"{row}/{dtype}/{K}/{programs}"] = [
+            config, compiles[config]().metadata.shared if config in compiles else sorted(compiles)]
 print(json.dumps(out))
 """
 
@@ -65,8 +66,9 @@ def shared_bytes():
     return json.loads(out.stdout.splitlines()[-1])
 
 
+@pytest.mark.parametrize("programs", [1, 1024])
 @pytest.mark.parametrize("row, dtype, K", CASES)
-def test_the_fixed_config_fits_shared_memory(shared_bytes, row, dtype, K):
-    config, shared = shared_bytes[f"{row}/{dtype}/{K}"]
+def test_the_fixed_config_fits_shared_memory(shared_bytes, row, dtype, K, programs):
+    config, shared = shared_bytes[f"{row}/{dtype}/{K}/{programs}"]
     assert isinstance(shared, int), f"{config} is not one of {row}'s autotuning configs: {shared}"
     assert shared <= SM90_SHARED, f"{row} {config}, {dtype}, K = V = {K}: {shared} bytes of shared memory"
