@@ -2,7 +2,7 @@
 # On a GPU machine without a package registry: installs the carried jax-triton
 # wheel and this package into /tmp, then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
+#   phases: info | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels; fla/ with the fla-core wheel for the comparison columns).
 # Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
 set -uo pipefail
@@ -69,6 +69,14 @@ for phase in "$@"; do
       ncu --import "$OUT/split.ncu-rep" --page details > "$OUT/split_details.txt"
       ncu --import "$OUT/split.ncu-rep" --page source --print-source sass --csv > /tmp/split_source.csv
       python3 benchmarks/ncu_stalls.py /tmp/split_source.csv | tee "$OUT/split_stalls.txt";;
+    # Nsight Compute on the backward's three kernels (benchmarks/profile_backward.py, torch launch, fixed configs)
+    profile-backward)
+      PYTHONPATH=$PYTHONPATH:$PWD/benchmarks ncu --clock-control none --set full --import-source no \
+        -k regex:'gdn_chunk_bwd_local|gdn_wy_bwd|gdn_chunk_bwd_walk' --launch-skip 3 --launch-count 3 -f -o /tmp/bwd \
+        python3 -P benchmarks/profile_backward.py > "$OUT/ncu_backward.log" 2>&1
+      ncu --import /tmp/bwd.ncu-rep --page details > "$OUT/backward_details.txt"
+      ncu --import /tmp/bwd.ncu-rep --page source --print-source sass --csv > /tmp/bwd.csv
+      python3 benchmarks/ncu_stalls.py /tmp/bwd.csv --top 14 | tee "$OUT/backward_stalls.txt";;
     # Nsight Compute on the warp-specialized Gluon probe (benchmarks/gluon_ws_probe.py),
     # one report, details page and stall summary per config: PROFILE_CONFIGS="a b"
     profile-ws)
