@@ -97,7 +97,9 @@ def steps(B, T, Hg, H, K, V, lens, with_fla=True):
         return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32)) + jnp.sum(f * dht)
 
     args = (q, k, v, g, beta, h0)
-    ours = {"forward": jax.jit(forward), "forward + backward": jax.jit(jax.grad(loss, argnums=range(6)))}
+    # the loss computed, as a training step does (under jax.grad alone XLA drops the forward's walk)
+    ours = {"forward": jax.jit(forward),
+            "forward + backward": jax.jit(jax.value_and_grad(loss, argnums=range(6)))}
     fla = fla_forward() if with_fla else None
     if fla is None:
         return ours, args, {}
