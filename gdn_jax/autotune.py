@@ -74,6 +74,20 @@ UNTUNED_MANY_PROGRAMS = {
 }
 
 
+def fixed_config_overrides() -> dict:
+    """``GDN_JAX_FIXED_CONFIGS``: a JSON object ``{kernel name: config kwargs}``, or ``{}``."""
+    text = os.environ.get("GDN_JAX_FIXED_CONFIGS", "")
+    try:
+        overrides = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"GDN_JAX_FIXED_CONFIGS must be a JSON object {{kernel name: config kwargs}}, "
+                         f"got {text!r}: {e}") from None
+    if not isinstance(overrides, dict) or not all(isinstance(c, dict) for c in overrides.values()):
+        raise ValueError(f"GDN_JAX_FIXED_CONFIGS must be a JSON object {{kernel name: config kwargs}}, "
+                         f"got {text!r}")
+    return overrides
+
+
 def untuned(name: str, operands=(), programs: int | None = None) -> dict:
     """The fixed config of kernel ``name`` for a launch of ``operands``:
     :data:`UNTUNED_FLOAT32` where it has one and every float operand is
@@ -81,7 +95,7 @@ def untuned(name: str, operands=(), programs: int | None = None) -> dict:
     launch's ``programs`` bucket reaches it, else :data:`UNTUNED`;
     ``GDN_JAX_FIXED_CONFIGS`` (JSON, ``{name: config kwargs}``) replaces
     them, to time one config against another."""
-    override = json.loads(os.environ.get("GDN_JAX_FIXED_CONFIGS", "{}")).get(name)
+    override = fixed_config_overrides().get(name)
     if override is not None:
         return dict(override)
     floats = [x.dtype for x in operands if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]

@@ -217,3 +217,6 @@ def test_fixed_configs_by_dtype_programs_and_environment(monkeypatch):
     monkeypatch.setenv("GDN_JAX_FIXED_CONFIGS", '{"chunk_fwd": {"BV": 16, "num_warps": 8}}')
     assert autotune.untuned("chunk_fwd", (bf16,), programs=256) == {"BV": 16, "num_warps": 8}
     assert autotune.untuned("wy_bwd", (bf16,)) == autotune.UNTUNED["wy_bwd"]
+    monkeypatch.setenv("GDN_JAX_FIXED_CONFIGS", '["BV", 16]')
+    with pytest.raises(ValueError, match="GDN_JAX_FIXED_CONFIGS must be a JSON object"):
+        autotune.untuned("chunk_fwd", (bf16,))
