@@ -2,8 +2,11 @@
 target for Nsight Compute (GPU machine): stall reasons, occupancy and
 bandwidth of each backward kernel, which timings alone cannot say.
 
-    ncu --clock-control none --set full -k regex:'gdn_chunk_bwd_local|gdn_wy_bwd' \\
-        --launch-skip 2 --launch-count 2 -o backward python3 benchmarks/profile_backward.py
+    ncu --clock-control none --set full -k regex:'gdn_chunk_bwd_local|gdn_wy_bwd|gdn_chunk_bwd_walk' \\
+        --launch-skip 3 --launch-count 3 -o backward python3 benchmarks/profile_backward.py
+
+(``scripts/device_run.sh 04 profile-backward``: that, the report's details
+page and the stall summary of ``benchmarks/ncu_stalls.py``).
 
 Runs ``--calls`` calls (default 3) of ``gdn_jax.torch_launch.chunk_bwd_torch``
 with the fixed configs (``gdn_jax.autotune.UNTUNED``); the first compiles.
