@@ -162,13 +162,16 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
 
 
 def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None, *, scale,
-                    dot_precision="tf32", config=None):
+                    dot_precision="tf32", config=None, configs=None):
     """The backward of the chunked forward from the Triton kernels on torch
     tensors (the interpreter tests' launch of the whole pipeline):
     ``(dq, dk, dv, dgc, dbeta, dh0)`` as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`.
     The steps: ``w, u`` from ``A`` (``recompute_w_u``), the walk again storing
     the chunk states and ``v'``, the reverse walk, the per-chunk gradients, the
-    WY backward; then the sums over K blocks and value heads (torch)."""
+    WY backward; then the sums over K blocks and value heads (torch).
+    ``config``: the recompute walk's config; ``configs`` (``{kernel name:
+    config kwargs}``, names as in :data:`gdn_jax.autotune.UNTUNED`, Triton
+    launch options such as ``maxnreg`` included) pins the other kernels'."""
     import torch
 
     from .chunk_bwd_launch import _pow2, value_block
@@ -194,7 +197,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     u = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
     common = dict(T=T, H=H, Hg=Hg, K=K, BT=64, USE_G=True, IS_VARLEN=varlen, DOT_PRECISION=dot_precision)
     grid = head_fastest_grid(NT, H, B)
-    wu, wu_config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", False)
+    wu, wu_config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", False, configs)
     wu[grid](k=k, v=v, beta=beta, g=gc, A=A, cu_seqlens=cu, chunk_indices=ci, w=w, u=u, V=V,
              **wu_blocks(K, V), **common, **wu_config)
     _, _, h, vn = chunk_fwd_torch(k, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
@@ -203,7 +206,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dv_new = torch.empty(B, T, H, V, device=dev, dtype=k.dtype)  # as chunk_bwd_launch: read rounded to k's dtype
     dh = torch.empty_like(h)
     dh0 = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
-    walk, walk_config = tuned_or_fixed(gdn_chunk_bwd_walk_kernel, "chunk_bwd_walk", False)
+    walk, walk_config = tuned_or_fixed(gdn_chunk_bwd_walk_kernel, "chunk_bwd_walk", False, configs)
     from .chunk_launch import chunk_fwd_grid
 
     BK = _pow2(K)
@@ -218,7 +221,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
-    local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False)
+    local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False, configs)
     local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=BKl, BV=BV, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **local_config)
@@ -226,7 +229,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     dg_wy = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
-    wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False)
+    wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs)
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
         BT=64, BK=BK, BV=BV, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **wy_config)
