@@ -1,9 +1,13 @@
 """Probe of the chunk walk kernel (kernels/chunk_fwd.py) on the GPU: configs
 (V block, row or transposed form, warps, stages) timed from torch
 (triton.testing.do_bench) on the same inputs, each checked against the first
-config's output.
+config's output; ``--forms wu,A``: the walk on ``fwd_intra``'s ``w, u``, and
+the walk forming ``v'`` from ``A``, ``v`` and ``beta`` (``FROM_A``), on the
+split path's outputs; rows ``fwd_intra <path>`` time what each form needs
+before it (``w, u, A`` by the Gluon kernel or the split path; ``A`` alone).
 
-    python benchmarks/chunk_fwd_probe.py [--shapes headline,T32768] [--configs BV:T:warps:stages,...] [--out DIR]
+    python benchmarks/chunk_fwd_probe.py [--shapes headline,T32768] [--configs BV:T:warps:stages,...]
+                                         [--forms wu,A] [--out DIR]
 """
 from __future__ import annotations
 
@@ -26,11 +30,13 @@ def main():
 
     from gdn_jax.chunk_launch import chunk_fwd_constexprs, chunk_fwd_grid
     from gdn_jax.kernels.chunk_fwd import gdn_chunk_fwd_kernel
+    from gdn_jax.torch_launch import fwd_intra_torch
 
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="headline,T32768")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--configs", default="", help="BV:TRANSPOSED:warps:stages,... (default: CONFIGS)")
+    p.add_argument("--forms", default="wu", help="wu (w, u in), A (A, v, beta in), or both: wu,A")
     a = p.parse_args()
     configs = [tuple(map(int, c.split(":"))) for c in a.configs.split(",") if c] or CONFIGS
     rows = []
@@ -41,42 +47,55 @@ def main():
         rn = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
         unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731
         q, k = unit(rn(B, T, Hg, K)).bfloat16(), unit(rn(B, T, Hg, K)).bfloat16()
-        w, u = (0.1 * rn(B, T, H, K)).bfloat16(), rn(B, T, H, V).bfloat16()
+        v = rn(B, T, H, V).bfloat16()
+        beta = torch.sigmoid(rn(B, T, H))
         a_ = torch.nn.functional.logsigmoid(rn(B, T, H))
         gc = a_.view(B, T // 64, 64, H).cumsum(2).view(B, T, H).contiguous()
+        w, u, A = fwd_intra_torch(k, v, gc, beta, autotune=False, path="split")
         h0 = 0.1 * rn(B, H, K, V)
+        # what each form needs of fwd_intra: w, u (the Gluon kernel where it applies, the split path) or A alone
+        forms = a.forms.split(",")
+        intra_paths = ((["gluon"] if K == V == 128 else []) + ["split"]) * ("wu" in forms) + ["A"] * ("A" in forms)
+        for path in intra_paths:
+            ms = do_bench(lambda: fwd_intra_torch(k, v, gc, beta, autotune=False, path=path), warmup=25,
+                          rep=100, return_mode="median")
+            rows.append(dict(shape=name, kernel=f"fwd_intra {path}", BV=0, warps=0, stages=0, ms=ms,
+                             rel_diff=0.0))
+            print(json.dumps(rows[-1]), flush=True)
         dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
         cx = chunk_fwd_constexprs(Hg, H, K, V, True, True, False, False, "tf32")
         ref = None
         kernel = gdn_chunk_fwd_kernel.fn
-        for BV, tr, warps, stages in configs:
-            kernel_name = "transposed" if tr else "rows"
-            if True:
-                o = torch.empty(B, T, H, V, device="cuda", dtype=torch.bfloat16)
-                ht = torch.empty(B, H, K, V, device="cuda")
+        for form, (BV, tr, warps, stages) in [(f, c) for f in a.forms.split(",") for c in configs]:
+            kernel_name = ("transposed" if tr else "rows") + (", from A" if form == "A" else "")
+            x, y, b = (A, v, beta) if form == "A" else (w, u, dummy)
+            o = torch.empty(B, T, H, V, device="cuda", dtype=torch.bfloat16)
+            ht = torch.empty(B, H, K, V, device="cuda")
 
-                def run():
-                    kernel[chunk_fwd_grid(B, H, V, BV)](q, k, w, u, gc, h0, dummy, K ** -0.5, T, o, ht, **cx,
-                                                        BV=BV, TRANSPOSED=bool(tr), num_warps=warps,
-                                                        num_stages=stages)
-                try:
-                    run()
-                    torch.cuda.synchronize()
-                    ms = do_bench(run, warmup=25, rep=100, return_mode="median")
-                except Exception as e:  # noqa: BLE001 (out of resources etc.: recorded)
-                    rows.append(dict(shape=name, kernel=kernel_name, BV=BV, warps=warps, stages=stages,
-                                     error=repr(e)[:200]))
-                    continue
-                if ref is None:
-                    ref = (o.float().clone(), ht.clone())
-                diff = max(float((o.float() - ref[0]).norm() / ref[0].norm()),
-                           float((ht - ref[1]).norm() / ref[1].norm()))
-                rows.append(dict(shape=name, kernel=kernel_name, BV=BV, warps=warps, stages=stages, ms=ms,
-                                 rel_diff=diff))
+            def run():
+                kernel[chunk_fwd_grid(B, H, V, BV)](q, k, x, y, gc, b, h0, dummy, dummy, K ** -0.5, T,
+                                                    o, ht, dummy, dummy, **cx, BV=BV, TRANSPOSED=bool(tr),
+                                                    FROM_A=form == "A", num_warps=warps,
+                                                    num_stages=stages)
+            try:
+                run()
+                torch.cuda.synchronize()
+                ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+            except Exception as e:  # noqa: BLE001 (out of resources etc.: recorded)
+                rows.append(dict(shape=name, kernel=kernel_name, BV=BV, warps=warps, stages=stages,
+                                 error=repr(e)[:200]))
                 print(json.dumps(rows[-1]), flush=True)
+                continue
+            if ref is None:
+                ref = (o.float().clone(), ht.clone())
+            diff = max(float((o.float() - ref[0]).norm() / ref[0].norm()),
+                       float((ht - ref[1]).norm() / ref[1].norm()))
+            rows.append(dict(shape=name, kernel=kernel_name, BV=BV, warps=warps, stages=stages, ms=ms,
+                             rel_diff=diff))
+            print(json.dumps(rows[-1]), flush=True)
     pathlib.Path(a.out, "chunk_fwd_probe.json").write_text(json.dumps(rows, indent=1))
     print("| shape | kernel | BV | warps | stages | ms | rel diff |\n| --- | --- | --- | --- | --- | --- | --- |")
-    for r in sorted((r for r in rows if "ms" in r), key=lambda r: (r["shape"], r["ms"]))[:40]:
+    for r in sorted((r for r in rows if "ms" in r), key=lambda r: (r["shape"], r["ms"])):
         print(f"| {r['shape']} | {r['kernel']} | {r['BV']} | {r['warps']} | {r['stages']} | {r['ms']:.4f} | "
               f"{r['rel_diff']:.1e} |")
 

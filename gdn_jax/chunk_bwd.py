@@ -24,7 +24,7 @@ from .chunk_jnp import chunk_local_cumsum
 from .chunk_walk import chunk_walk
 from .intra import fwd_intra
 from .options import state_from_k_major, state_to_k_major
-from .sharding import Layout, partitioned, sharded_call, varying_like
+from .sharding import Layout, fwd_intra_sharded, partitioned, sharded_call, varying_like
 
 
 class BwdStatic(NamedTuple):
@@ -107,12 +107,21 @@ def gdn_core(static: CoreStatic, q, k, v, a, beta, h0, cu, ci):
 
 def core_forward(static, q, k, v, a, beta, h0, cu, ci):
     """``((o, final_state or None), residuals)``: the cumsum of the gates,
-    ``fwd_intra`` and the walk, and what the backward keeps."""
+    ``fwd_intra`` and the walk, and what the backward keeps. With ``impl``
+    "auto" on the walk kernel: ``A`` alone (the split path's first kernel),
+    then the walk that forms ``v'`` from ``A``, ``v`` and ``beta``, so ``w``
+    and ``u`` never go through HBM; else ``fwd_intra``'s path ``impl``, then
+    the walk on ``w``, ``u``."""
     gc = chunk_local_cumsum(a, cu, ci)  # float32 (float64 for float64 a): the kernels take float32
     gc = gc if static.impl == "reference" else gc.astype(jnp.float32)
-    w, u, A = fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl=static.impl)
-    out = chunk_walk(q, k, w, u, gc, h0, cu, ci, scale=static.scale, output_final_state=static.final,
-                     state_v_first=static.v_first, triton=static.walk_triton)
+    walk = functools.partial(chunk_walk, scale=static.scale, output_final_state=static.final,
+                             state_v_first=static.v_first, triton=static.walk_triton)
+    if static.walk_triton and static.impl == "auto":
+        (A,) = fwd_intra_sharded(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl="A")
+        out = walk(q, k, A, v, gc, h0, cu, ci, beta=beta.astype(jnp.float32))
+    else:
+        w, u, A = fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl=static.impl)
+        out = walk(q, k, w, u, gc, h0, cu, ci)
     return out, (q, k, v, gc, beta, A, h0, cu, ci)
 
 

@@ -50,7 +50,7 @@ def check_chunk_grid(N: int, H: int, V: int) -> None:
             f"= {programs} programs, over CUDA's grid limit of {GRID_LIMITS[0]}; split the call")
 
 
-def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, chunk_offsets, **kwargs):
+def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, chunk_offsets, beta=None, **kwargs):
     """Past :data:`gdn_jax.triton_launch.TIMING_ROWS` rows, choose the configs
     on an abstract launch of at most that many rows (same heads, dims, dtypes
     and flags, so the same config key): the real launch then finds them chosen."""
@@ -62,7 +62,7 @@ def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, chunk_offsets, **kwargs)
     n = rows[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     state = None if h0 is None else jax.ShapeDtypeStruct((n,) + h0.shape[1:], h0.dtype)
     jax.eval_shape(functools.partial(chunk_walk_triton, **kwargs), *map(fewer, (q, k, w, u, gc)),
-                   state, cu_seqlens, chunk_offsets)
+                   state, cu_seqlens, chunk_offsets, beta=None if beta is None else fewer(beta))
 
 
 def state_rows(B: int, T: int, N: int, varlen: bool) -> int:
@@ -74,13 +74,17 @@ def state_rows(B: int, T: int, N: int, varlen: bool) -> int:
 
 def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk_offsets=None, *,
                       scale, write_o=True, store_final=True, store_h=False, store_v=False,
-                      state_v_first=False):
+                      state_v_first=False, beta=None):
     """``(o, final_state, h, v_new)`` of the chunk walk (``kernels/chunk_fwd.py``),
     each None where not asked for.
 
     Args (already checked, shapes as :func:`gdn_jax.chunk_gated_delta_rule`):
       q, k: ``[B, T, Hg, K]``; w: ``[B, T, H, K]``; u: ``[B, T, H, V]``, all of
         one dtype (bfloat16, float16 or float32); ``q`` is not read without ``write_o``.
+        With ``beta`` given: ``A [B, T, H, 64]`` (``fwd_intra``'s) in place of
+        ``w`` and ``v [B, T, H, V]`` in place of ``u``, and the kernel forms
+        ``v' = A (beta (v - exp(gc) k S))`` itself (``FROM_A``).
+      beta: ``[B, T, H]`` float32, or None (``w`` and ``u`` given).
       gc: ``[B, T, H]`` float32 chunk-local cumulative log gates.
       initial_state: ``[N, H, K, V]`` float32 (``[N, H, V, K]`` with
         ``state_v_first``), or None for zeros.
@@ -115,12 +119,13 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
     check_chunk_grid(N, H, V)
     kwargs = dict(scale=scale, write_o=write_o, store_final=store_final, store_h=store_h,
                   store_v=store_v, state_v_first=state_v_first)
-    _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, chunk_offsets, **kwargs)
+    _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, chunk_offsets, beta=beta, **kwargs)
     from .kernels.chunk_fwd import gdn_chunk_fwd_kernel
 
     # jax-triton 0.3 takes no None operand: 1-element dummies, flagged unused.
     dummy = jnp.zeros((1,), jnp.int32)
-    operands = (q, k, w, u, gc, dummy if initial_state is None else initial_state,
+    operands = (q, k, w, u, gc, dummy if beta is None else beta,
+                dummy if initial_state is None else initial_state,
                 dummy if cu_seqlens is None else cu_seqlens,
                 dummy if chunk_offsets is None else chunk_offsets, float(scale), T)
     outs = launch("chunk_fwd", gdn_chunk_fwd_kernel, operands, out=types,
@@ -128,14 +133,15 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
                   tune_key=("programs", programs_bucket(N, H)),
                   **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, store_final,
                                          varlen, state_v_first, dot_precision()),
-                  WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v)
+                  WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, FROM_A=beta is not None)
     return tuple(x if want else None for x, want in zip(outs, wanted))
 
 
 def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
-                     output_final_state=True, state_v_first=False):
-    """``(o, final_state or None)``: :func:`chunk_walk_triton` writing the output."""
+                     output_final_state=True, state_v_first=False, beta=None):
+    """``(o, final_state or None)``: :func:`chunk_walk_triton` writing the output
+    (from ``w, u``, or from ``A, v`` with ``beta``)."""
     o, final, _, _ = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
                                        store_final=output_final_state,
-                                       state_v_first=state_v_first)
+                                       state_v_first=state_v_first, beta=beta)
     return o, final

@@ -2,7 +2,7 @@
 after ``fwd_intra`` (docs/math.md, "Chunk form").
 
 ``chunk_walk(q, k, w, u, gc, h0, cu_seqlens, chunk_indices) -> (o, final)``
-runs the Triton kernel (:mod:`gdn_jax.chunk_launch`) or its jnp reference
+(or from ``A, v, beta`` in place of ``w, u``, on the GPU) runs the Triton kernel (:mod:`gdn_jax.chunk_launch`) or its jnp reference
 (:func:`gdn_jax.chunk_jnp.chunk_walk_jnp`), split over batch and heads under
 ``jax.jit`` (:mod:`gdn_jax.sharding`), with a vmap rule for the Triton launch
 (:mod:`gdn_jax.batching`).
@@ -30,12 +30,15 @@ class WalkStatic(NamedTuple):
     varlen: bool
     v_first: bool  # states [N, H, V, K]
     ratio: int  # GQA: H // Hg
+    from_A: bool = False  # A, v (and beta) in place of w, u: the kernel forms v' (Triton only)
 
 
 def _layout(static: WalkStatic) -> Layout:
-    """``q, k, w, u, gc, [h0], [cu_seqlens, chunk_indices] -> o, [final]``."""
+    """``q, k, w, u, gc, [h0], [cu_seqlens, chunk_indices] -> o, [final]``
+    (``q, k, A, v, gc, beta, ...`` with ``from_A``)."""
     state = "nhvk" if static.v_first else "nhkv"
-    operands = ("btgk", "btgk", "bthk", "bthv", "bth") + ((state,) if static.use_h0 else ()) \
+    operands = ("btgk", "btgk", "btha" if static.from_A else "bthk", "bthv", "bth") \
+        + (("bth",) if static.from_A else ()) + ((state,) if static.use_h0 else ()) \
         + (("s", "ij") if static.varlen else ())
     return Layout(operands, ("bthv",) + ((state,) if static.final else ()), static.varlen,
                   static.ratio)
@@ -45,16 +48,18 @@ def _split(static: WalkStatic, arrays):
     arrays = list(arrays)
     q, k, w, u, gc = arrays[:5]
     rest = arrays[5:]
+    beta = rest.pop(0) if static.from_A else None
     h0 = rest.pop(0) if static.use_h0 else None
     cu, ci = rest if static.varlen else (None, None)
-    return q, k, w, u, gc, h0, cu, ci
+    return q, k, w, u, gc, beta, h0, cu, ci
 
 
 def _per_device(static: WalkStatic, *arrays):
     """``(o, [final])`` of the blocks one device holds."""
     if static.triton:
         return _triton_op(static)(*arrays)
-    q, k, w, u, gc, h0, cu, ci = _split(static, arrays)
+    assert not static.from_A, "the walk from A runs on the GPU only"
+    q, k, w, u, gc, _, h0, cu, ci = _split(static, arrays)
     B, H, K, V = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
     N = B if cu is None else cu.shape[0] - 1
     h0 = jnp.zeros((N, H, K, V), jnp.float32) if h0 is None else state_to_k_major(h0, static.v_first)
@@ -68,9 +73,10 @@ def _triton_op(static: WalkStatic):
     layout = _layout(static)
 
     def fwd(*arrays):
-        q, k, w, u, gc, h0, cu, _ = _split(static, arrays)
+        q, k, w, u, gc, beta, h0, cu, _ = _split(static, arrays)
         o, final = chunk_fwd_triton(q, k, w, u, gc, h0, cu, scale=static.scale,
-                                    output_final_state=static.final, state_v_first=static.v_first)
+                                    output_final_state=static.final, state_v_first=static.v_first,
+                                    beta=beta)
         return (o,) + ((final,) if static.final else ())
 
     return vmappable(fwd, layout.operands, layout.results)
@@ -80,17 +86,19 @@ _partitioned = partitioned(_per_device, _layout)
 
 
 def chunk_walk(q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices, *, scale,
-               output_final_state, state_v_first, triton):
+               output_final_state, state_v_first, triton, beta=None):
     """``(o, final_state or None)``: the walk over checked arrays (shapes as
     :func:`gdn_jax.chunk_jnp.chunk_walk_jnp`, states in the layout
     ``state_v_first`` says; ``initial_state`` may be None), on the Triton
-    kernel or in jnp; ``scale`` a Python number."""
+    kernel or in jnp; ``scale`` a Python number. With ``beta [B, T, H]``
+    (float32; Triton only): ``w`` is ``A [B, T, H, 64]`` and ``u`` is ``v``,
+    and the kernel forms ``v'`` from them (``kernels/chunk_fwd.py``, ``FROM_A``)."""
     static = WalkStatic(bool(triton), float(scale), initial_state is not None,
                         bool(output_final_state), cu_seqlens is not None, bool(state_v_first),
-                        u.shape[2] // q.shape[2])
+                        u.shape[2] // q.shape[2], beta is not None)
     if static.use_h0 and static.triton:
         initial_state = initial_state.astype(jnp.float32)
-    arrays = [x for x in (q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices)
+    arrays = [x for x in (q, k, w, u, gc, beta, initial_state, cu_seqlens, chunk_indices)
               if x is not None]
     out = sharded_call(_partitioned, _per_device, static, _layout(static), arrays)
     return out[0], (out[1] if static.final else None)

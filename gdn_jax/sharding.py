@@ -246,7 +246,7 @@ def sharded_call(op, per_device: Callable, static, layout: Layout, arrays):
 
 class Static(NamedTuple):
     """What the partitioned ``fwd_intra`` is specialised on (its static argument)."""
-    impl: str  # "gluon", "triton", "split", "seed" or "reference"
+    impl: str  # "gluon", "triton", "split", "seed", "reference", or "A" (the split path's A kernel alone)
     chunk_size: int
     use_g: bool  # g given
     varlen: bool  # cu_seqlens and chunk_indices given
@@ -254,9 +254,10 @@ class Static(NamedTuple):
 
 
 def _intra_layout(static: Static) -> Layout:
-    """``k, v, [g], beta, [cu_seqlens, chunk_indices] -> w, u, A``."""
+    """``k, v, [g], beta, [cu_seqlens, chunk_indices] -> w, u, A`` (``-> A`` for impl "A")."""
     operands = ("btgk", "bthv") + ("bth",) * (1 + static.use_g) + (("s", "ij") if static.varlen else ())
-    return Layout(operands, ("bthk", "bthv", "btha"), static.varlen, static.ratio)
+    results = ("btha",) if static.impl == "A" else ("bthk", "bthv", "btha")
+    return Layout(operands, results, static.varlen, static.ratio)
 
 
 def _per_device(static: Static, *arrays):
@@ -298,7 +299,8 @@ _fwd_intra_partitioned = partitioned(_per_device, _intra_layout)
 
 def fwd_intra_sharded(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                       impl="reference"):
-    """``fwd_intra`` that the SPMD partitioner splits over batch and heads.
+    """``fwd_intra`` that the SPMD partitioner splits over batch and heads
+    (``impl="A"``: ``(A,)`` alone, from the split path's A kernel; GPU only).
 
     Inputs as :func:`gdn_jax.fwd_intra`, already checked, ``impl`` resolved to
     a path (``"gluon"``, ``"triton"``, ``"split"``, ``"seed"`` or

@@ -31,7 +31,8 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     (:func:`fwd_intra_gluon_torch`), ``path="fused"`` the one-kernel path,
     ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
     the one-kernel path's A part as its own kernel, then w/u (as the
-    ``impl`` values ``"gluon"``, ``"triton"``, ``"seed"`` and ``"split"`` of :func:`gdn_jax.fwd_intra`).
+    ``impl`` values ``"gluon"``, ``"triton"``, ``"seed"`` and ``"split"`` of :func:`gdn_jax.fwd_intra`);
+    ``path="A"`` that A kernel alone (``w`` and ``u`` returned unwritten).
     ``configs`` (``{kernel name: config kwargs}``, names as in
     :data:`gdn_jax.autotune.UNTUNED`) pins those kernels' configs, for
     instance to the ones the JAX side's autotuner chose.
@@ -77,9 +78,11 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         fused, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_fused_kernel, "fused", autotune, configs)
         fused[grid](k=k, v=v, w=w, u=u, A=A, V=V, BC=BC, BV=_block(V), **common, **config)
         return w, u, A
-    if path == "split":
+    if path in ("split", "A"):
         first, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_A_kernel, "A", autotune, configs)
         first[grid](k=k, A=A, BC=BC, **common, **config)
+        if path == "A":  # A alone, for the walk that forms v' from it (w, u left unwritten)
+            return w, u, A
     else:
         kkt, config = tuned_or_fixed(A_kernel or kkt_solve_kernel, "kkt_solve", autotune, configs)
         kkt[(NT, H, B)](k=k, A=A, BC=BC, **common, **config)  # the seed's chunk-major grid
@@ -121,10 +124,11 @@ def fwd_intra_gluon_torch(k, v, g, beta, **overrides):
 
 def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
                     output_final_state=True, state_v_first=False, write_o=True, store_h=False,
-                    store_v=False, autotune=True, config=None, dot_precision="tf32"):
+                    store_v=False, autotune=True, config=None, dot_precision="tf32", beta=None):
     """The chunk walk (``kernels/chunk_fwd.py``) on torch tensors: ``(o,
     final_state, h, v_new)`` as :func:`gdn_jax.chunk_launch.chunk_walk_triton`,
-    each None where not asked for. ``config`` (kwargs) pins the config, else
+    each None where not asked for; with ``beta`` (float32), ``w`` is ``A`` and
+    ``u`` is ``v`` (``FROM_A``). ``config`` (kwargs) pins the config, else
     Triton's autotuner runs (``autotune=True``) or the fixed config (interpreter)."""
     import torch
 
@@ -152,12 +156,14 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
         kernel, kwargs = tuned_or_fixed(gdn_chunk_fwd_kernel, "chunk_fwd", autotune,
                                         None if config is None else {"chunk_fwd": config})
         grid = lambda meta: chunk_fwd_grid(N, H, V, meta["BV"])  # noqa: E731
-        kernel[grid](q, k, w, u, gc, dummy if initial_state is None else initial_state.float(),
+        kernel[grid](q, k, w, u, gc, dummy if beta is None else beta.float(),
+                     dummy if initial_state is None else initial_state.float(),
                      dummy if cu_seqlens is None else cu_seqlens.to(torch.int32), offsets,
                      float(scale), T, o, ht, h, vn,
                      **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, output_final_state,
                                             varlen, state_v_first, dot_precision),
-                     WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, **kwargs)
+                     WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, FROM_A=beta is not None,
+                     **kwargs)
     return tuple(x if want else None for x, want in zip(outs, wanted))
 
 

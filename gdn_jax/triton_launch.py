@@ -209,8 +209,9 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     :func:`gdn_jax.fwd_intra`: ``"gluon"`` runs the Gluon kernel of
     ``kernels/gluon_intra.py`` (:mod:`gdn_jax.gluon_launch`); ``"triton"`` the one-kernel path of
     ``kernels/fused_intra.py``; ``"split"`` its A kernel, then the
-    w/u kernel of ``kernels/recompute_w_u.py``; ``"seed"`` the seed's
-    fused kkt+solve kernel, then the same w/u kernel.
+    w/u kernel of ``kernels/recompute_w_u.py``; ``"A"`` that A kernel alone,
+    returning ``(A,)`` (for the walk that forms ``v'`` from ``A``); ``"seed"``
+    the seed's fused kkt+solve kernel, then the same w/u kernel.
 
     Inputs are assumed checked (:func:`gdn_jax.validate.check_fwd_intra_args`),
     and with ``cu_seqlens`` both it and ``chunk_indices`` int32 jax arrays
@@ -230,7 +231,8 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     is_varlen = cu_seqlens is not None
     NT = chunk_indices.shape[0] if is_varlen else cdiv(T, BT)
     if B * T * H == 0 or NT == 0:
-        return tuple(jnp.zeros(t.shape, t.dtype) for t in (w_type, u_type, A_type))
+        types = (A_type,) if path == "A" else (w_type, u_type, A_type)
+        return tuple(jnp.zeros(t.shape, t.dtype) for t in types)
     if path == "gluon":  # the warp-specialized Gluon kernel (fixed length; gdn_jax.gluon_launch)
         from .gluon_launch import fwd_intra_gluon
 
@@ -256,9 +258,11 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
         return launch("fused", gdn_fwd_intra_fused_kernel, (k, v, g_arg, beta, cu_arg, ci_arg, T),
                       out=(w_type, u_type, A_type), grid=head_fastest,
                       H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BV=_block(V), **flags)
-    if path == "split":  # the A kernel stores A whole
+    if path in ("split", "A"):  # the A kernel stores A whole
         A = launch("A", gdn_fwd_intra_A_kernel, (k, g_arg, beta, cu_arg, ci_arg, T),
                    out=A_type, grid=head_fastest, H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags)
+        if path == "A":
+            return (A,)
     else:
         A = launch("kkt_solve", chunk_gated_delta_rule_fwd_kkt_solve_kernel,
                    (k, g_arg, beta, cu_arg, ci_arg, T), out=A_type, grid=chunk_major,

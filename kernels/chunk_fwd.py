@@ -27,6 +27,18 @@ Hopper's warpgroup MMA). At B=8 T=4096 the transposed form with BV=64 took
 0.576 ms against the row form's best 0.787 (BV=32); at one sequence of 32768
 the row form with BV=16 (256 programs) took 1.42 ms against 1.68.
 
+``FROM_A``: the kernel takes ``A`` (``[B, T, H, 64]``, ``fwd_intra``'s), ``v``
+and ``beta`` in place of ``w`` and ``u`` and forms ``v'`` itself, from the
+definitions ``u = A (beta v)``, ``w = A (beta exp(gc) k)``::
+
+    v' = u - w S = A (beta (v - exp(gc) (k S)))
+
+``k S`` is the dot ``w S`` was (k is loaded anyway), and the product with
+``A`` one more (64 x 64 by 64 x BV): so ``w`` and ``u`` never go through HBM,
+and ``fwd_intra`` needs to build only ``A``. The difference ``v - exp(gc) k S``
+is taken in float32 before its one rounding (the ``u - w S`` form rounds ``u``
+and ``w`` first).
+
 The backward runs the same walk to recompute what it needs (``STORE_H``: the
 state entering each chunk, rounded to the inputs' dtype, as rows of ``h
 [chunks, H, K, V]``; ``STORE_V``: ``v'``), without the output (``WRITE_O``).
@@ -134,6 +146,7 @@ def gdn_chunk_fwd_kernel(
     w,
     u,
     gc,
+    beta,
     h0,
     cu_seqlens,
     chunk_offsets,
@@ -159,6 +172,7 @@ def gdn_chunk_fwd_kernel(
     WRITE_O: tl.constexpr = True,
     STORE_H: tl.constexpr = False,
     STORE_V: tl.constexpr = False,
+    FROM_A: tl.constexpr = False,
 ):
     i_v, i_h, i_n, i_hk, bos, seq_len = program_heads(cu_seqlens, T, H, Hg, V, BV, IS_VARLEN)
     scale = tl.cast(scale, tl.float32)  # jax-triton 0.3 passes a Python float as fp64
@@ -178,7 +192,11 @@ def gdn_chunk_fwd_kernel(
     # The sequence's first row, at this program's heads.
     q += (bos * Hg + i_hk) * K
     k += (bos * Hg + i_hk) * K
-    w += (bos * H + i_h) * K
+    if FROM_A:  # w holds A [B, T, H, BT], u holds v
+        w += (bos * H + i_h) * BT
+        beta += bos * H + i_h
+    else:
+        w += (bos * H + i_h) * K
     u += (bos * H + i_h) * V
     o += (bos * H + i_h) * V
     v_new += (bos * H + i_h) * V
@@ -195,15 +213,24 @@ def gdn_chunk_fwd_kernel(
         if WRITE_O:
             b_q = tile(q, r, o_k, Hg * K, m_tk, TRANSPOSED)
         b_k = tile(k, r, o_k, Hg * K, m_tk, False)
-        b_w = tile(w, r, o_k, H * K, m_tk, TRANSPOSED)
+        if FROM_A:  # A's rows of this chunk [BT, BT] (A^T when TRANSPOSED); columns past n are zeros
+            b_w = tile(w, r, o_t, H * BT, m_t[:, None] & (o_t < BT)[None, :], TRANSPOSED)
+        else:
+            b_w = tile(w, r, o_k, H * K, m_tk, TRANSPOSED)
         b_u = tile(u, r, o_v, H * V, m_tv, TRANSPOSED).to(tl.float32)
         b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H)
+        if FROM_A:
+            b_beta = tl.load(beta + r * H, mask=m_t, other=0).to(tl.float32)
         b_sx = b_s.to(b_w.dtype)
         if STORE_H:
             tl.store(h + h_offsets + i_c * (H * K * V), tl.trans(b_sx) if TRANSPOSED else b_sx,
                      mask=s_mask)
         if TRANSPOSED:  # b_q, b_w, b_u are q^T, w^T, u^T; b_s is S^T
-            b_v = b_u - tl.dot(b_sx, b_w, input_precision=DOT_PRECISION)  # v'^T [BV, BT]
+            if FROM_A:  # b_u is v^T, b_w is A^T: v'^T = (beta (v^T - (S^T k^T) exp(gc))) A^T
+                b_x = b_u - tl.dot(b_sx, tl.trans(b_k), input_precision=DOT_PRECISION) * tl.exp(b_g)[None, :]
+                b_v = tl.dot((b_x * b_beta[None, :]).to(b_w.dtype), b_w, input_precision=DOT_PRECISION)
+            else:
+                b_v = b_u - tl.dot(b_sx, b_w, input_precision=DOT_PRECISION)  # v'^T [BV, BT]
             if STORE_V:
                 tl.store(v_new + r[None, :] * (H * V) + o_v[:, None], b_v.to(v_new.dtype.element_ty),
                          mask=tl.trans(m_tv))
@@ -218,7 +245,11 @@ def gdn_chunk_fwd_kernel(
             b_vd = (b_v * tl.exp(g_last - b_g)[None, :]).to(b_k.dtype)
             b_s = b_s * tl.exp(g_last) + tl.dot(b_vd, b_k, input_precision=DOT_PRECISION)
         else:
-            b_v = b_u - tl.dot(b_w, b_sx, input_precision=DOT_PRECISION)  # v' [BT, BV]
+            if FROM_A:  # b_u is v, b_w is A: v' = A (beta (v - exp(gc) (k S)))
+                b_x = b_u - tl.dot(b_k, b_sx, input_precision=DOT_PRECISION) * tl.exp(b_g)[:, None]
+                b_v = tl.dot(b_w, (b_x * b_beta[:, None]).to(b_w.dtype), input_precision=DOT_PRECISION)
+            else:
+                b_v = b_u - tl.dot(b_w, b_sx, input_precision=DOT_PRECISION)  # v' [BT, BV]
             if STORE_V:
                 tl.store(v_new + r[:, None] * (H * V) + o_v[None, :], b_v.to(v_new.dtype.element_ty),
                          mask=m_tv)

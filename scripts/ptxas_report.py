@@ -154,12 +154,15 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
         "fused_intra", "gdn_fwd_intra_A_kernel",
         lambda s: dict(k=BF, g=F32, beta=F32, **WORK, A=BF), lambda s: dict(**s.heads, BC=BC, **s.flags)),
     "gluon_intra (impl='gluon')": gluon_kernel,
-    "chunk walk (chunk_fwd)": triton_kernel(
+    **{name: triton_kernel(
         "chunk_fwd", "gdn_chunk_fwd_kernel",
-        lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, u=s.dtype, gc=F32, h0=F32, cu_seqlens=I32,
+        lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, u=s.dtype, gc=F32, beta=F32, h0=F32, cu_seqlens=I32,
                        chunk_offsets=I32, scale="fp32", T="i32", o=s.dtype, ht=F32, h=s.dtype, v_new=s.dtype),
-        lambda s: dict(**chunk_fwd_constexprs(s.Hg, s.H, s.K, s.K, True, True, s.varlen, False, "tf32"),
-                       WRITE_O=True, STORE_H=False, STORE_V=False)),
+        lambda s, from_A=from_A: dict(**chunk_fwd_constexprs(s.Hg, s.H, s.K, s.K, True, True, s.varlen, False,
+                                                             "tf32"),
+                                      WRITE_O=True, STORE_H=False, STORE_V=False, FROM_A=from_A))
+       for name, from_A in (("chunk walk (chunk_fwd)", False),
+                            ("chunk walk from A (chunk_fwd, FROM_A)", True))},
     "backward reverse walk (chunk_bwd_walk)": triton_kernel(
         "chunk_bwd_walk", "gdn_chunk_bwd_walk_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, gc=F32, do=s.dtype, dht=F32, cu_seqlens=I32,

@@ -61,15 +61,21 @@ def solve_by_matmuls(monkeypatch):
 
 
 def intra_launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path):
-    """``fwd_intra``'s Triton launch, by the jnp reference."""
-    return fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-                         chunk_indices=chunk_indices)
+    """``fwd_intra``'s Triton launch, by the jnp reference (path "A": ``(A,)``)."""
+    w, u, A = fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+                            chunk_indices=chunk_indices)
+    return (A,) if path == "A" else (w, u, A)
 
 
-def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first):
-    """The chunk walk's Triton launch, by the jnp walk."""
+def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first, beta=None):
+    """The chunk walk's Triton launch, by the jnp walk. From ``A, v, beta``
+    (``beta`` given): ``w, u`` by the jnp ``fwd_intra``, whose ``A`` the
+    launch was given."""
     from gdn_jax.chunk_jnp import chunk_walk_jnp
 
+    if beta is not None:
+        ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
+        w, u, _ = fwd_intra_jnp(k, u, gc, beta, cu_seqlens=cu, chunk_indices=ci)
     B, H, Kd, Vd = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
     N = B if cu is None else cu.shape[0] - 1
     h0 = jnp.zeros((N, H, Kd, Vd), jnp.float32) if h0 is None else h0

@@ -34,18 +34,24 @@ def draw(seed, B, T, Hg, H, K, V, cu=None, h0=True):
     return [x.astype(np.float32) for x in (q, k, v, a, beta)], None if S0 is None else S0.astype(np.float32)
 
 
-def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, seed=0, config=None):
+def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, seed=0, config=None,
+        from_A=False):
+    """The walk after the split path's kernels, on their ``w, u`` or (``from_A``)
+    on ``A``, ``v`` and ``beta``, against the float64 recurrence."""
     (q, k, v, a, beta), S0 = draw(seed, B, T, Hg, H, K, V, cu, h0)
     gc = chunk_local_cumsum(a, [0] if cu is None else list(cu[:-1]))
     td = TORCH[dtype]
     t = lambda x, d=td: torch.from_numpy(np.ascontiguousarray(x)).to(d)  # noqa: E731
     cut = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    w, u, _ = fwd_intra_torch(t(k), t(v), t(gc, torch.float32), t(beta, torch.float32), cu_seqlens=cut,
+    w, u, A = fwd_intra_torch(t(k), t(v), t(gc, torch.float32), t(beta, torch.float32), cu_seqlens=cut,
                               autotune=False, dot_precision="ieee", path="split")
+    if from_A:
+        w, u = A, t(v)
     state = None if S0 is None else t(np.swapaxes(S0, -1, -2) if v_first else S0, torch.float32)
     o, ht, h, vn = chunk_fwd_torch(t(q), t(k), w, u, t(gc, torch.float32), state, cut, scale=K ** -0.5,
                                    output_final_state=final, state_v_first=v_first, autotune=False,
-                                   store_h=True, store_v=True, config=config, dot_precision="ieee")
+                                   store_h=True, store_v=True, config=config, dot_precision="ieee",
+                                   beta=t(beta, torch.float32) if from_A else None)
     # the reference on the inputs as the kernels saw them (rounded to dtype)
     up = [t(x).float().numpy() for x in (q, k, v)]
     o_ref, f_ref, vn_ref, h_ref = gdn_recurrence_numpy(*up, a, beta, h0=S0, cu_seqlens=cu, chunk_states=True)
@@ -63,24 +69,31 @@ def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, s
         assert ht is None
 
 
+FROM_A = pytest.mark.parametrize("from_A", [False, True], ids=["wu", "from_A"])
+
+
+@FROM_A
 @pytest.mark.parametrize("dtype", list(TORCH))
 @pytest.mark.parametrize("B,T,Hg,H,h0", [(2, 130, 2, 4, True), (1, 64, 1, 2, False), (1, 1, 1, 2, True),
                                          (1, 63, 1, 8, True)])
-def test_fixed_length(dtype, B, T, Hg, H, h0):
-    run(dtype, B, T, Hg, H, 32, 16, h0=h0, seed=T)
+def test_fixed_length(dtype, B, T, Hg, H, h0, from_A):
+    run(dtype, B, T, Hg, H, 32, 16, h0=h0, seed=T, from_A=from_A)
 
 
-def test_head_dims_not_powers_of_two_and_v_blocks():
+@FROM_A
+def test_head_dims_not_powers_of_two_and_v_blocks(from_A):
     """K = 96 (a masked tail in the 128-wide K tile), V = 80 (three 32-wide or
     two 64-wide V blocks, the last one partial)."""
-    run("float32", 1, 70, 1, 1, 96, 80, seed=5)
+    run("float32", 1, 70, 1, 1, 96, 80, seed=5, from_A=from_A)
 
 
+@FROM_A
 @pytest.mark.parametrize("cu", [[0, 0, 1, 70, 200], [0, 200, 200]])
-def test_varlen_v_first(cu):
+def test_varlen_v_first(cu, from_A):
     """Packed sequences (empty, length 1, partial chunks) with V-first states:
     an empty sequence's final state is its initial one."""
-    run("float32", 1, cu[-1], 2, 4, 32, 16, cu=np.array(cu, np.int32), v_first=True, seed=len(cu))
+    run("float32", 1, cu[-1], 2, 4, 32, 16, cu=np.array(cu, np.int32), v_first=True, seed=len(cu),
+        from_A=from_A)
 
 
 def test_without_final_state():
@@ -91,8 +104,9 @@ def test_without_final_state():
                                                  id=f"BV{c.kwargs['BV']}-w{c.num_warps}")
                                     for c in __import__("gdn_jax.kernels.chunk_fwd", fromlist=["x"])
                                     .gdn_chunk_fwd_kernel.configs])
-def test_every_autotune_config(config):
+@FROM_A
+def test_every_autotune_config(config, from_A):
     """Every config the autotuner may pick (both formulations, every V block)
     computes the same function: packed, V-first, K and V past one block."""
     run("float32", 1, 200, 2, 4, 32, 160, cu=np.array([0, 0, 1, 70, 200], np.int32), v_first=True,
-        seed=11, config=config)
+        seed=11, config=config, from_A=from_A)
