@@ -26,8 +26,9 @@ Times are the steady cost per call in a stream of calls (the slope between
 batches of N and 5N calls, every column taken in turn for three rounds; see
 ``bench_fwd_intra.timed``), after warm-up, on random inputs: bf16 q/k/v, unit
 q and k, float32 gates ``logsigmoid(normal)`` and ``beta = sigmoid(normal)``,
-an initial state and the final state returned. ``fwd_intra`` alone is timed
-beside the forward, so the walk's share is their difference. Prints the table
+an initial state and the final state returned. What the forward runs of
+``fwd_intra`` (the ``A`` kernel) is timed beside it, so the walk's share is
+their difference. Prints the table
 last, writes ``bench_chunk.json`` and ``bench_chunk.png`` under --out.
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
 from bench_fwd_intra import copy_bandwidth, jax_dispatch_ms, timed_in_turn, wall_median  # noqa: E402
 from gdn_jax.chunk_jnp import chunk_local_cumsum  # noqa: E402
+from gdn_jax.sharding import fwd_intra_sharded  # noqa: E402
 
 SHAPES = {  # name: (B, T, Hg, H, K, V, packed sequence lengths or None)
     "headline": (8, 4096, 16, 32, 128, 128, None),
@@ -215,7 +217,8 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
     def intra(k, v, g, beta, cu):
         ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, T)
         gc = chunk_local_cumsum(g, cu, ci)
-        return gdn_jax.fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci)
+        # what the forward runs of fwd_intra: A alone (the walk forms v' from it, kernels/chunk_fwd.py)
+        return fwd_intra_sharded(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl="A")
 
     jax_call("fwd_intra", intra, k, v, g, beta, cu)
     if with_reference:
