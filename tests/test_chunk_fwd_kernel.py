@@ -36,15 +36,16 @@ def draw(seed, B, T, Hg, H, K, V, cu=None, h0=True):
 
 def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, seed=0, config=None,
         from_A=False):
-    """The walk after the split path's kernels, on their ``w, u`` or (``from_A``)
-    on ``A``, ``v`` and ``beta``, against the float64 recurrence."""
+    """The walk after the split path's kernels, on their ``w, u``, or (``from_A``)
+    after the ``A`` kernel alone on ``A``, ``v`` and ``beta``, against the
+    float64 recurrence."""
     (q, k, v, a, beta), S0 = draw(seed, B, T, Hg, H, K, V, cu, h0)
     gc = chunk_local_cumsum(a, [0] if cu is None else list(cu[:-1]))
     td = TORCH[dtype]
     t = lambda x, d=td: torch.from_numpy(np.ascontiguousarray(x)).to(d)  # noqa: E731
     cut = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     w, u, A = fwd_intra_torch(t(k), t(v), t(gc, torch.float32), t(beta, torch.float32), cu_seqlens=cut,
-                              autotune=False, dot_precision="ieee", path="split")
+                              autotune=False, dot_precision="ieee", path="A" if from_A else "split")
     if from_A:
         w, u = A, t(v)
     state = None if S0 is None else t(np.swapaxes(S0, -1, -2) if v_first else S0, torch.float32)
