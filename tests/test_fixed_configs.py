@@ -23,6 +23,7 @@ SM90_SHARED = 232448  # bytes one program may ask for on sm_90 (227 KB, CUDA's o
 ROWS = {  # scripts/ptxas_report.py's row -> the kernel's name in gdn_jax.autotune
     "recompute_w_u": "recompute_w_u",
     "chunk walk (chunk_fwd)": "chunk_fwd",
+    "chunk walk from A (chunk_fwd, FROM_A)": "chunk_fwd",
     "backward reverse walk (chunk_bwd_walk)": "chunk_bwd_walk",
     "backward per chunk (chunk_bwd_local)": "chunk_bwd_local",
     "backward WY (wy_bwd)": "wy_bwd",
