@@ -66,7 +66,7 @@ def main():
         cx = chunk_fwd_constexprs(Hg, H, K, V, True, True, False, False, "tf32")
         ref = None
         kernel = gdn_chunk_fwd_kernel.fn
-        for form, (BV, tr, warps, stages) in [(f, c) for f in a.forms.split(",") for c in configs]:
+        for form, (BV, tr, warps, stages) in [(f, c) for f in forms for c in configs]:
             kernel_name = ("transposed" if tr else "rows") + (", from A" if form == "A" else "")
             x, y, b = (A, v, beta) if form == "A" else (w, u, dummy)
             o = torch.empty(B, T, H, V, device="cuda", dtype=torch.bfloat16)
