@@ -152,11 +152,13 @@ def chunk_bwd_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
 
 def key_heads(x, Hg: int, dtype):
     """``[B, T, Hg, K]`` in ``dtype`` of a per-value-head cotangent ``x [B,
-    T, H, K]``: a key head's is the sum over its value heads (GQA)."""
+    T, H, K]``: a key head's is the sum over its value heads (GQA), taken in
+    float32 at least."""
     B, T, H, K = x.shape
     if H == Hg:
         return x.astype(dtype)
-    return x.reshape(B, T, Hg, H // Hg, K).sum(3).astype(dtype)
+    acc = jnp.promote_types(x.dtype, jnp.float32)  # bf16 partials sum in float32
+    return x.reshape(B, T, Hg, H // Hg, K).astype(acc).sum(3).astype(dtype)
 
 
 def chunk_reverse_cumsum(dgc, cu_seqlens=None, chunk_indices=None):

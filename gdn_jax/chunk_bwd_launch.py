@@ -36,6 +36,16 @@ def value_block(V: int, itemsize: int) -> int:
     return min(_pow2(V), 512 // itemsize)
 
 
+def partials_in_input_dtype(dtype_name: str) -> bool:
+    """Whether the kernels write the per-value-head partials of ``dq`` and
+    ``dk`` (summed over GQA heads and, for ``dk``, the per-chunk and WY
+    kernels' shares, in float32) in the inputs' dtype: for bfloat16, which
+    halves the bytes the kernels write and the sums read (float32's range:
+    no overflow); float32 else (float16's range could overflow where the
+    shares cancel)."""
+    return dtype_name == "bfloat16"
+
+
 def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
                      chunk_indices=None, *, scale):
     """``(dq, dk, dv, dgc, dbeta, dh0)`` of the chunked forward on the GPU,
@@ -85,7 +95,8 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]), tune_key=("programs", programs_bucket(N, H)),
         H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
         DOT_PRECISION=prec)
-    per_head_k = jax.ShapeDtypeStruct((B, T, H, K), f32)
+    part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
+    per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
     dq, dk, dw, dg = launch(
         "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
@@ -100,6 +111,6 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen,
         DOT_PRECISION=prec)
 
-    return (key_heads(dq, Hg, q.dtype), key_heads(dk + dk_wy, Hg, k.dtype), dv, dg.sum(0) + dg_wy,
-            dbeta, dh0)
+    return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
+            dg.sum(0) + dg_wy, dbeta, dh0)
 

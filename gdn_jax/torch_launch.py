@@ -180,7 +180,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     launch options such as ``maxnreg`` included) pins the other kernels'."""
     import torch
 
-    from .chunk_bwd_launch import _pow2, value_block
+    from .chunk_bwd_launch import _pow2, partials_in_input_dtype, value_block
     from .chunk_indices import chunk_offsets
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
@@ -223,7 +223,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     BKl = min(64, BK)
     NK = cdiv(K, BKl)
     BV = value_block(V, k.element_size())  # as chunk_bwd_launch
-    dq = torch.empty(B, T, H, K, device=dev, dtype=torch.float32)
+    part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
+    dq = torch.empty(B, T, H, K, device=dev, dtype=part)
     dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
@@ -239,8 +240,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
         BT=64, BK=BK, BV=BV, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **wy_config)
-    heads = lambda x: x.view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA
-    return heads(dq), heads(dk + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
+    heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
+    return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
 
 
 def fused_recurrent_torch(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None,
