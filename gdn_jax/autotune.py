@@ -44,9 +44,11 @@ from .chunk_indices import chunk_offsets, padding_row, prepare_chunk_indices
 # The fixed config per kernel when timing is off (GDN_JAX_AUTOTUNE=0, Triton's
 # interpreter, which cannot time): the H200's picks at the headline shape,
 # except kkt_solve (picked there: BK=32, 1 warp), whose fixed config stays the
-# one the GPU tests' recorded errors of the seed path were measured with, and
-# the backward's per-chunk and WY kernels, not timed alone yet: 8 warps, where
-# they do not spill (at 4 they spill 576 and 516 bytes, docs/triton_versions.md).
+# one the GPU tests' recorded errors of the seed path were measured with. The
+# backward's per-chunk kernel at 4 warps (1.36 ms at B=8 T=4096 against 2.18
+# at 8, though it spills there, docs/triton_versions.md; float32 at 8 warps
+# asks 233472 bytes of shared memory of triton 3.6, past the H200's 232448),
+# the WY kernel at 8 (4: slower, docs/performance.md).
 UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
     "recompute_w_u": dict(num_warps=8, num_stages=3),
@@ -54,15 +56,9 @@ UNTUNED = {
     "A": dict(BK=64, num_warps=1),
     "chunk_fwd": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
     "chunk_bwd_walk": dict(BV=32, num_warps=4, num_stages=2),
-    "chunk_bwd_local": dict(num_warps=8, num_stages=2),
+    "chunk_bwd_local": dict(num_warps=4, num_stages=2),
     "wy_bwd": dict(num_warps=8, num_stages=2),
     "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
-}
-# ... and where a float32 launch (every float operand float32) of a kernel
-# needs another: the per-chunk backward at 8 warps asks 233472 bytes of shared
-# memory of triton 3.6 (4 warps: 229376), past the H200's 232448 per program.
-UNTUNED_FLOAT32 = {
-    "chunk_bwd_local": dict(num_warps=4, num_stages=2),
 }
 # ... and where many programs run (a launch's ``("programs", N * H bucket)``
 # tune key at or past the first number; not float32, whose tiles at BV=64 ask
@@ -90,18 +86,17 @@ def fixed_config_overrides() -> dict:
 
 def untuned(name: str, operands=(), programs: int | None = None) -> dict:
     """The fixed config of kernel ``name`` for a launch of ``operands``:
-    :data:`UNTUNED_FLOAT32` where it has one and every float operand is
-    float32, else :data:`UNTUNED_MANY_PROGRAMS` where it has one and the
-    launch's ``programs`` bucket reaches it, else :data:`UNTUNED`;
+    :data:`UNTUNED_MANY_PROGRAMS` where it has one, the launch's ``programs``
+    bucket reaches it and not every float operand is float32, else
+    :data:`UNTUNED`;
     ``GDN_JAX_FIXED_CONFIGS`` (JSON, ``{name: config kwargs}``) replaces
     them, to time one config against another."""
     override = fixed_config_overrides().get(name)
     if override is not None:
         return dict(override)
     floats = [x.dtype for x in operands if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
-    if floats and all(d == jnp.float32 for d in floats):
-        return UNTUNED_FLOAT32.get(name, UNTUNED[name])
-    if name in UNTUNED_MANY_PROGRAMS and programs is not None \
+    float32 = bool(floats) and all(d == jnp.float32 for d in floats)
+    if name in UNTUNED_MANY_PROGRAMS and programs is not None and not float32 \
             and programs >= UNTUNED_MANY_PROGRAMS[name][0]:
         return dict(UNTUNED_MANY_PROGRAMS[name][1])
     return UNTUNED[name]
