@@ -5,7 +5,11 @@ inputs), against the jnp path, and against the two hardware floors: the bytes
 a forward must move over the measured copy bandwidth, and its matrix FLOPs
 over the measured bf16 matrix rate.
 
-    python benchmarks/bench_chunk.py [--out DIR] [--shapes a,b] [--no-reference] [--no-layer] [--backward]
+    python benchmarks/bench_chunk.py [--out DIR] [--shapes a,b] [--no-reference] [--reference-shapes a,b]
+                                     [--no-layer] [--backward]
+
+``--reference-shapes``: the jnp path at those shapes only (its compiles take
+most of a ``--backward`` run's time).
 
 With ``GDN_JAX_AUTOTUNE=0`` our kernels run their fixed configs (one compile
 each: minutes less on a fresh machine, for comparing kernel changes; the
@@ -334,6 +338,7 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--no-reference", action="store_true", help="skip the jnp path")
+    p.add_argument("--reference-shapes", default=None, help="the jnp path at these shapes only (a,b)")
     p.add_argument("--no-layer", action="store_true", help="skip the Flax layer")
     p.add_argument("--backward", action="store_true", help="forward + backward (module docstring)")
     p.add_argument("--replot", metavar="JSON", help="only redraw the chart of a saved run (no GPU), into --out")
@@ -357,16 +362,18 @@ def main():
         if importlib.util.find_spec(mod) is not None:
             versions[mod] = getattr(__import__(mod), "__version__", "?")
     rows = []
+    reference = set(args.shapes.split(",") if args.reference_shapes is None else args.reference_shapes.split(","))
+    with_reference = lambda name: not args.no_reference and name in reference  # noqa: E731
     if args.backward:
         for name in args.shapes.split(","):
-            rows.append(bench_backward(name, *SHAPES[name], not args.no_reference))
+            rows.append(bench_backward(name, *SHAPES[name], with_reference(name)))
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench_chunk_backward.json").write_text(json.dumps(dict(versions=versions, rows=rows), indent=1))
         plot(rows, out / "bench_chunk_backward.png", "GDN forward + backward, bf16, H200 (lower is better)")
         print_table(rows, versions, BACKWARD_TABLE)
         return
     for name in args.shapes.split(","):
-        rows.append(bench_shape(name, *SHAPES[name], bw, rate, not args.no_reference))
+        rows.append(bench_shape(name, *SHAPES[name], bw, rate, with_reference(name)))
         print(json.dumps(rows[-1]), flush=True)
         (out / "bench_chunk.json").write_text(json.dumps(dict(versions=versions, rows=rows), indent=1))
     layer = None if args.no_layer else bench_layer()
