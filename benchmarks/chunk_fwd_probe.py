@@ -4,7 +4,8 @@
 config's output; ``--forms wu,A``: the walk on ``fwd_intra``'s ``w, u``, and
 the walk forming ``v'`` from ``A``, ``v`` and ``beta`` (``FROM_A``), on the
 split path's outputs; rows ``fwd_intra <path>`` time what each form needs
-before it (``w, u, A`` by the Gluon kernel or the split path; ``A`` alone).
+before it (``w, u, A`` by the Gluon kernel or the split path; ``A`` alone,
+and ``chunk_qk``, the output's block, which the from-A walk reads).
 ``wu-state``, ``A-state``: the same walks without the output (``WRITE_O``
 off: the state chain alone, what bounds a walk whose output is computed
 elsewhere).
@@ -33,7 +34,7 @@ def main():
 
     from gdn_jax.chunk_launch import chunk_fwd_constexprs, chunk_fwd_grid
     from gdn_jax.kernels.chunk_fwd import gdn_chunk_fwd_kernel
-    from gdn_jax.torch_launch import fwd_intra_torch
+    from gdn_jax.torch_launch import chunk_qk_torch, fwd_intra_torch
 
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="headline,T32768")
@@ -67,6 +68,12 @@ def main():
             rows.append(dict(shape=name, kernel=f"fwd_intra {path}", BV=0, warps=0, stages=0, ms=ms,
                              rel_diff=0.0))
             print(json.dumps(rows[-1]), flush=True)
+        if "A" in forms:  # the walk from A's output block, its own kernel before the walk
+            ms = do_bench(lambda: chunk_qk_torch(q, k, gc, autotune=False), warmup=25, rep=100,
+                          return_mode="median")
+            rows.append(dict(shape=name, kernel="chunk_qk", BV=0, warps=0, stages=0, ms=ms, rel_diff=0.0))
+            print(json.dumps(rows[-1]), flush=True)
+        Aqk = chunk_qk_torch(q, k, gc, autotune=False)
         dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
         cx = chunk_fwd_constexprs(Hg, H, K, V, True, True, False, False, "tf32")
         kernel = gdn_chunk_fwd_kernel.fn
@@ -74,12 +81,12 @@ def main():
             from_a, write_o = form.startswith("A"), not form.endswith("-state")
             kernel_name = ("transposed" if tr else "rows") + (", from A" if from_a else "") + \
                 ("" if write_o else ", state only")
-            x, y, b = (A, v, beta) if from_a else (w, u, dummy)
+            x, y, b, qk = (A, v, beta, Aqk) if from_a else (w, u, dummy, dummy)
             o = torch.empty(B, T, H, V, device="cuda", dtype=torch.bfloat16)
             ht = torch.empty(B, H, K, V, device="cuda")
 
             def run():
-                kernel[chunk_fwd_grid(B, H, V, BV)](q, k, x, y, gc, b, h0, dummy, dummy, K ** -0.5, T,
+                kernel[chunk_fwd_grid(B, H, V, BV)](q, k, x, y, gc, b, qk, h0, dummy, dummy, K ** -0.5, T,
                                                     o, ht, dummy, dummy, **cx, BV=BV, TRANSPOSED=bool(tr),
                                                     FROM_A=from_a, WRITE_O=write_o, num_warps=warps,
                                                     num_stages=stages)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from .autotune import autotune_enabled, timing_allowed
 from .chunk_indices import cdiv
-from .triton_launch import GRID_LIMITS, TIMING_ROWS, dot_precision, launch
+from .triton_launch import GRID_LIMITS, TIMING_ROWS, check_grid, dot_precision, head_fastest_grid, launch
 from .validate import check_kernel_dtypes
 
 BT = 64
@@ -50,7 +50,8 @@ def check_chunk_grid(N: int, H: int, V: int) -> None:
             f"= {programs} programs, over CUDA's grid limit of {GRID_LIMITS[0]}; split the call")
 
 
-def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, chunk_offsets, beta=None, **kwargs):
+def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, chunk_offsets, beta=None, chunk_indices=None,
+                        **kwargs):
     """Past :data:`gdn_jax.triton_launch.TIMING_ROWS` rows, choose the configs
     on an abstract launch of at most that many rows (same heads, dims, dtypes
     and flags, so the same config key): the real launch then finds them chosen."""
@@ -61,8 +62,10 @@ def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, chunk_offsets, beta=None
     fewer = lambda x: jax.ShapeDtypeStruct(rows + x.shape[2:], x.dtype)  # noqa: E731
     n = rows[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     state = None if h0 is None else jax.ShapeDtypeStruct((n,) + h0.shape[1:], h0.dtype)
+    ci = None if chunk_indices is None else jax.ShapeDtypeStruct((cdiv(rows[1], BT) + n, 2), jnp.int32)
     jax.eval_shape(functools.partial(chunk_walk_triton, **kwargs), *map(fewer, (q, k, w, u, gc)),
-                   state, cu_seqlens, chunk_offsets, beta=None if beta is None else fewer(beta))
+                   state, cu_seqlens, chunk_offsets, beta=None if beta is None else fewer(beta),
+                   chunk_indices=ci)
 
 
 def state_rows(B: int, T: int, N: int, varlen: bool) -> int:
@@ -72,9 +75,30 @@ def state_rows(B: int, T: int, N: int, varlen: bool) -> int:
     return cdiv(T, BT) + N if varlen else B * cdiv(T, BT)
 
 
+def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
+    """``Aqk [B, T, H, 64]`` in q's dtype (``kernels/chunk_qk.py``): per chunk
+    and value head the output's masked, gated ``q k^T``, laid out as
+    ``fwd_intra``'s ``A``. ``q, k [B, T, Hg, K]``, ``gc [B, T, H]`` float32
+    chunk-local cumulative log gates; a packed batch (``B == 1``) gives
+    ``cu_seqlens`` and its ``chunk_indices``."""
+    from .kernels.chunk_qk import gdn_chunk_qk_kernel
+
+    B, T, Hg, K = k.shape
+    H = gc.shape[2]
+    varlen = cu_seqlens is not None
+    grid = head_fastest_grid(chunk_indices.shape[0] if varlen else cdiv(T, BT), H, B)
+    check_grid("chunk_gated_delta_rule", grid, ("chunks * value heads (NT * H)", "batch rows B"))
+    dummy = jnp.zeros((1,), jnp.int32)
+    return launch("chunk_qk", gdn_chunk_qk_kernel,
+                  (q, k, gc, cu_seqlens if varlen else dummy, chunk_indices if varlen else dummy, T),
+                  out=jax.ShapeDtypeStruct((B, T, H, BT), q.dtype), grid=grid, H=H, Hg=Hg, K=K, BT=BT,
+                  BK=min(128, max(16, 1 << (K - 1).bit_length())), IS_VARLEN=varlen,
+                  DOT_PRECISION=dot_precision())
+
+
 def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk_offsets=None, *,
                       scale, write_o=True, store_final=True, store_h=False, store_v=False,
-                      state_v_first=False, beta=None):
+                      state_v_first=False, beta=None, chunk_indices=None):
     """``(o, final_state, h, v_new)`` of the chunk walk (``kernels/chunk_fwd.py``),
     each None where not asked for.
 
@@ -83,8 +107,11 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
         one dtype (bfloat16, float16 or float32); ``q`` is not read without ``write_o``.
         With ``beta`` given: ``A [B, T, H, 64]`` (``fwd_intra``'s) in place of
         ``w`` and ``v [B, T, H, V]`` in place of ``u``, and the kernel forms
-        ``v' = A (beta (v - exp(gc) k S))`` itself (``FROM_A``).
+        ``v' = A (beta (v - exp(gc) k S))`` itself (``FROM_A``), after
+        :func:`chunk_qk_triton` (with ``write_o``).
       beta: ``[B, T, H]`` float32, or None (``w`` and ``u`` given).
+      chunk_indices: with ``beta``, ``write_o`` and ``cu_seqlens``, the
+        packed batch's chunk list (:func:`gdn_jax.prepare_chunk_indices`).
       gc: ``[B, T, H]`` float32 chunk-local cumulative log gates.
       initial_state: ``[N, H, K, V]`` float32 (``[N, H, V, K]`` with
         ``state_v_first``), or None for zeros.
@@ -119,12 +146,14 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
     check_chunk_grid(N, H, V)
     kwargs = dict(scale=scale, write_o=write_o, store_final=store_final, store_h=store_h,
                   store_v=store_v, state_v_first=state_v_first)
-    _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, chunk_offsets, beta=beta, **kwargs)
+    _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, chunk_offsets, beta=beta,
+                        chunk_indices=chunk_indices, **kwargs)
     from .kernels.chunk_fwd import gdn_chunk_fwd_kernel
 
     # jax-triton 0.3 takes no None operand: 1-element dummies, flagged unused.
     dummy = jnp.zeros((1,), jnp.int32)
-    operands = (q, k, w, u, gc, dummy if beta is None else beta,
+    qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices) if beta is not None and write_o else dummy
+    operands = (q, k, w, u, gc, dummy if beta is None else beta, qk,
                 dummy if initial_state is None else initial_state,
                 dummy if cu_seqlens is None else cu_seqlens,
                 dummy if chunk_offsets is None else chunk_offsets, float(scale), T)
@@ -138,10 +167,11 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
 
 
 def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
-                     output_final_state=True, state_v_first=False, beta=None):
+                     output_final_state=True, state_v_first=False, beta=None, chunk_indices=None):
     """``(o, final_state or None)``: :func:`chunk_walk_triton` writing the output
     (from ``w, u``, or from ``A, v`` with ``beta``)."""
     o, final, _, _ = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
                                        store_final=output_final_state,
-                                       state_v_first=state_v_first, beta=beta)
+                                       state_v_first=state_v_first, beta=beta,
+                                       chunk_indices=chunk_indices)
     return o, final

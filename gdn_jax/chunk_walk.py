@@ -73,10 +73,10 @@ def _triton_op(static: WalkStatic):
     layout = _layout(static)
 
     def fwd(*arrays):
-        q, k, w, u, gc, beta, h0, cu, _ = _split(static, arrays)
+        q, k, w, u, gc, beta, h0, cu, ci = _split(static, arrays)
         o, final = chunk_fwd_triton(q, k, w, u, gc, h0, cu, scale=static.scale,
                                     output_final_state=static.final, state_v_first=static.v_first,
-                                    beta=beta)
+                                    beta=beta, chunk_indices=ci)
         return (o,) + ((final,) if static.final else ())
 
     return vmappable(fwd, layout.operands, layout.results)

@@ -122,14 +122,40 @@ def fwd_intra_gluon_torch(k, v, g, beta, **overrides):
     return w, u, A
 
 
+def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="tf32", config=None):
+    """``Aqk [B, T, H, 64]`` (``kernels/chunk_qk.py``) on torch tensors, as
+    :func:`gdn_jax.chunk_launch.chunk_qk_triton` (the chunk list of a packed
+    batch computed from ``cu_seqlens``); ``config`` (kwargs) pins the config."""
+    import torch
+
+    from .kernels.chunk_qk import gdn_chunk_qk_kernel
+
+    B, T, Hg, K = k.shape
+    H = gc.shape[2]
+    dev = k.device
+    varlen = cu_seqlens is not None
+    dummy = torch.zeros(1, dtype=torch.int32, device=dev)
+    ci = torch.from_numpy(np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), 64))).to(dev) \
+        if varlen else dummy
+    Aqk = torch.empty(B, T, H, 64, device=dev, dtype=q.dtype)
+    kernel, kwargs = tuned_or_fixed(gdn_chunk_qk_kernel, "chunk_qk", autotune,
+                                    None if config is None else {"chunk_qk": config})
+    kernel[head_fastest_grid(len(ci) if varlen else cdiv(T, 64), H, B)](
+        q, k, gc, dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, Aqk, H=H, Hg=Hg, K=K, BT=64,
+        BK=min(128, max(16, 1 << (K - 1).bit_length())), IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
+        **kwargs)
+    return Aqk
+
+
 def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
                     output_final_state=True, state_v_first=False, write_o=True, store_h=False,
                     store_v=False, autotune=True, config=None, dot_precision="tf32", beta=None):
     """The chunk walk (``kernels/chunk_fwd.py``) on torch tensors: ``(o,
     final_state, h, v_new)`` as :func:`gdn_jax.chunk_launch.chunk_walk_triton`,
     each None where not asked for; with ``beta`` (float32), ``w`` is ``A`` and
-    ``u`` is ``v`` (``FROM_A``). ``config`` (kwargs) pins the config, else
-    Triton's autotuner runs (``autotune=True``) or the fixed config (interpreter)."""
+    ``u`` is ``v`` (``FROM_A``), after :func:`chunk_qk_torch` (with ``write_o``).
+    ``config`` (kwargs) pins the config, else Triton's autotuner runs
+    (``autotune=True``) or the fixed config (interpreter)."""
     import torch
 
     from .chunk_indices import chunk_offsets
@@ -156,7 +182,10 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
         kernel, kwargs = tuned_or_fixed(gdn_chunk_fwd_kernel, "chunk_fwd", autotune,
                                         None if config is None else {"chunk_fwd": config})
         grid = lambda meta: chunk_fwd_grid(N, H, V, meta["BV"])  # noqa: E731
-        kernel[grid](q, k, w, u, gc, dummy if beta is None else beta.float(),
+        qk = dummy
+        if beta is not None and write_o:
+            qk = chunk_qk_torch(q, k, gc, cu_seqlens, autotune=autotune, dot_precision=dot_precision)
+        kernel[grid](q, k, w, u, gc, dummy if beta is None else beta.float(), qk,
                      dummy if initial_state is None else initial_state.float(),
                      dummy if cu_seqlens is None else cu_seqlens.to(torch.int32), offsets,
                      float(scale), T, o, ht, h, vn,

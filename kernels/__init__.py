@@ -8,4 +8,6 @@ under ``TRITON_INTERPRET=1``, benchmarks) in ``gdn_jax/torch_launch.py``.
   ``beta * K K^T`` + ``(I + L)^-1`` kernel, writes ``A``.
 - ``recompute_w_u.recompute_w_u_fwd_kernel``: ``u = A (beta v)``,
   ``w = A (beta exp(g) k)`` per chunk and head.
+- ``chunk_qk.gdn_chunk_qk_kernel``: the output's masked, gated ``q k^T`` per
+  chunk and head, which the walk from ``A`` (``chunk_fwd.py``) reads.
 """

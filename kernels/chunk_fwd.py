@@ -37,7 +37,10 @@ definitions ``u = A (beta v)``, ``w = A (beta exp(gc) k)``::
 ``A`` one more (64 x 64 by 64 x BV): so ``w`` and ``u`` never go through HBM,
 and ``fwd_intra`` needs to build only ``A``. The difference ``v - exp(gc) k S``
 is taken in float32 before its one rounding (the ``u - w S`` form rounds ``u``
-and ``w`` first).
+and ``w`` first). The output's attention block ``tril(q k^T * exp(gc_i -
+gc_j))`` comes from ``qk`` (``chunk_qk.py``, laid out as ``A``) instead of
+being formed here: it does not depend on the state, and forming it took a
+third of this walk's time.
 
 The backward runs the same walk to recompute what it needs (``STORE_H``: the
 state entering each chunk, rounded to the inputs' dtype, as rows of ``h
@@ -147,6 +150,7 @@ def gdn_chunk_fwd_kernel(
     u,
     gc,
     beta,
+    qk,
     h0,
     cu_seqlens,
     chunk_offsets,
@@ -192,8 +196,9 @@ def gdn_chunk_fwd_kernel(
     # The sequence's first row, at this program's heads.
     q += (bos * Hg + i_hk) * K
     k += (bos * Hg + i_hk) * K
-    if FROM_A:  # w holds A [B, T, H, BT], u holds v
+    if FROM_A:  # w holds A [B, T, H, BT], u holds v; qk the output's masked q k^T, laid out as A
         w += (bos * H + i_h) * BT
+        qk += (bos * H + i_h) * BT
         beta += bos * H + i_h
     else:
         w += (bos * H + i_h) * K
@@ -214,13 +219,15 @@ def gdn_chunk_fwd_kernel(
             b_q = tile(q, r, o_k, Hg * K, m_tk, TRANSPOSED)
         b_k = tile(k, r, o_k, Hg * K, m_tk, False)
         if FROM_A:  # A's rows of this chunk [BT, BT] (A^T when TRANSPOSED); columns past n are zeros
-            b_w = tile(w, r, o_t, H * BT, m_t[:, None] & (o_t < BT)[None, :], TRANSPOSED)
+            m_tt = m_t[:, None] & (o_t < BT)[None, :]
+            b_w = tile(w, r, o_t, H * BT, m_tt, TRANSPOSED)
+            if WRITE_O:  # [i, j] = <q_i, k_j> exp(gc_i - gc_j), j <= i ([j, i] when TRANSPOSED)
+                b_qk = tile(qk, r, o_t, H * BT, m_tt, TRANSPOSED)
+            b_beta = tl.load(beta + r * H, mask=m_t, other=0).to(tl.float32)
         else:
             b_w = tile(w, r, o_k, H * K, m_tk, TRANSPOSED)
         b_u = tile(u, r, o_v, H * V, m_tv, TRANSPOSED).to(tl.float32)
         b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H)
-        if FROM_A:
-            b_beta = tl.load(beta + r * H, mask=m_t, other=0).to(tl.float32)
         b_sx = b_s.to(b_w.dtype)
         if STORE_H:
             tl.store(h + h_offsets + i_c * (H * K * V), tl.trans(b_sx) if TRANSPOSED else b_sx,
@@ -236,9 +243,12 @@ def gdn_chunk_fwd_kernel(
                          mask=tl.trans(m_tv))
             if WRITE_O:
                 b_o = tl.dot(b_sx, b_q, input_precision=DOT_PRECISION) * tl.exp(b_g)[None, :]
-                b_a = tl.dot(b_k, b_q, input_precision=DOT_PRECISION)  # [j, i] = <k_j, q_i>
-                b_a = b_a * tl.exp(tl.where((o_t[:, None] <= o_t[None, :]) & m_t[None, :],
-                                            b_g[None, :] - b_g[:, None], float("-inf")))
+                if FROM_A:
+                    b_a = b_qk
+                else:
+                    b_a = tl.dot(b_k, b_q, input_precision=DOT_PRECISION)  # [j, i] = <k_j, q_i>
+                    b_a = b_a * tl.exp(tl.where((o_t[:, None] <= o_t[None, :]) & m_t[None, :],
+                                                b_g[None, :] - b_g[:, None], float("-inf")))
                 b_o += tl.dot(b_v.to(b_w.dtype), b_a.to(b_w.dtype), input_precision=DOT_PRECISION)
                 tl.store(o + r[None, :] * (H * V) + o_v[:, None], (b_o * scale).to(o.dtype.element_ty),
                          mask=tl.trans(m_tv))
@@ -255,10 +265,13 @@ def gdn_chunk_fwd_kernel(
                          mask=m_tv)
             if WRITE_O:
                 b_o = tl.dot(b_q, b_sx, input_precision=DOT_PRECISION) * tl.exp(b_g)[:, None]
-                b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-                # rows past the end have gate 0: exp(0 - gc_j) overflows on strong gates
-                b_a = b_a * tl.exp(tl.where((o_t[:, None] >= o_t[None, :]) & m_t[:, None],
-                                            b_g[:, None] - b_g[None, :], float("-inf")))
+                if FROM_A:
+                    b_a = b_qk
+                else:
+                    b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+                    # rows past the end have gate 0: exp(0 - gc_j) overflows on strong gates
+                    b_a = b_a * tl.exp(tl.where((o_t[:, None] >= o_t[None, :]) & m_t[:, None],
+                                                b_g[:, None] - b_g[None, :], float("-inf")))
                 b_o += tl.dot(b_a.to(b_w.dtype), b_v.to(b_w.dtype), input_precision=DOT_PRECISION)
                 tl.store(o + r[:, None] * (H * V) + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
                          mask=m_tv)

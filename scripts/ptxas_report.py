@@ -156,13 +156,19 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "gluon_intra (impl='gluon')": gluon_kernel,
     **{name: triton_kernel(
         "chunk_fwd", "gdn_chunk_fwd_kernel",
-        lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, u=s.dtype, gc=F32, beta=F32, h0=F32, cu_seqlens=I32,
+        lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, u=s.dtype, gc=F32, beta=F32, qk=s.dtype, h0=F32,
+                       cu_seqlens=I32,
                        chunk_offsets=I32, scale="fp32", T="i32", o=s.dtype, ht=F32, h=s.dtype, v_new=s.dtype),
         lambda s, from_A=from_A: dict(**chunk_fwd_constexprs(s.Hg, s.H, s.K, s.K, True, True, s.varlen, False,
                                                              "tf32"),
                                       WRITE_O=True, STORE_H=False, STORE_V=False, FROM_A=from_A))
        for name, from_A in (("chunk walk (chunk_fwd)", False),
                             ("chunk walk from A (chunk_fwd, FROM_A)", True))},
+    "chunk output block (chunk_qk)": triton_kernel(
+        "chunk_qk", "gdn_chunk_qk_kernel",
+        lambda s: dict(q=s.dtype, k=s.dtype, gc=F32, cu_seqlens=I32, chunk_indices=I32, T="i32", Aqk=s.dtype),
+        lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, BT=64, BK=min(128, s.K), IS_VARLEN=s.varlen,
+                       DOT_PRECISION="tf32")),
     "backward reverse walk (chunk_bwd_walk)": triton_kernel(
         "chunk_bwd_walk", "gdn_chunk_bwd_walk_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, gc=F32, do=s.dtype, dht=F32, cu_seqlens=I32,
@@ -172,14 +178,14 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,
-                       dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=F32, dk=F32,
+                       dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=s.dtype, dk=s.dtype,
                        dw=s.dtype, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=value_block(s.K, s.itemsize),
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "backward WY (wy_bwd)": triton_kernel(
         "wy_bwd", "gdn_wy_bwd_kernel",
         lambda s: dict(k=s.dtype, v=s.dtype, beta=F32, gc=F32, A=s.dtype, dw=s.dtype, du=s.dtype,
-                       cu_seqlens=I32, chunk_indices=I32, T="i32", dk=F32, dv=s.dtype, dbeta=F32, dg=F32),
+                       cu_seqlens=I32, chunk_indices=I32, T="i32", dk=s.dtype, dv=s.dtype, dbeta=F32, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, BV=value_block(s.K, s.itemsize),
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "decode (fused_recurrent)": triton_kernel(

@@ -67,15 +67,16 @@ def intra_launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path):
     return (A,) if path == "A" else (w, u, A)
 
 
-def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first, beta=None):
+def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first, beta=None,
+                chunk_indices=None):
     """The chunk walk's Triton launch, by the jnp walk. From ``A, v, beta``
     (``beta`` given): ``w, u`` by the jnp ``fwd_intra``, whose ``A`` the
-    launch was given."""
+    launch was given, on the chunk list the launch was given when packed."""
     from gdn_jax.chunk_jnp import chunk_walk_jnp
 
     if beta is not None:
-        ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
-        w, u, _ = fwd_intra_jnp(k, u, gc, beta, cu_seqlens=cu, chunk_indices=ci)
+        assert (cu is None) == (chunk_indices is None), "a packed walk from A takes its chunk list"
+        w, u, _ = fwd_intra_jnp(k, u, gc, beta, cu_seqlens=cu, chunk_indices=chunk_indices)
     B, H, Kd, Vd = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
     N = B if cu is None else cu.shape[0] - 1
     h0 = jnp.zeros((N, H, Kd, Vd), jnp.float32) if h0 is None else h0
