@@ -325,10 +325,11 @@ def plot(rows, path, title="GDN forward, bf16, H200 (lower is better)"):
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["shape"] for r in rows])
     ax.set_yscale("log")
     # bars start a factor below the smallest value, so that their heights compare on the log axis
-    ax.set_ylim(bottom=0.3 * min(r[c] for c, _ in cols for r in rows if c in r))
+    values = [r[c] for c, _ in cols for r in rows if c in r]
+    ax.set_ylim(bottom=0.3 * min(values), top=4 * max(values))  # room above the bars for the legend
     ax.set_ylabel("ms per call (log)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=len(cols), loc="upper center")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
