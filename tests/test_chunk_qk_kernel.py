@@ -1,0 +1,84 @@
+"""kernels/chunk_qk.py under Triton's interpreter (torch CPU tensors) against
+its definition in float64: per chunk and value head ``Aqk[i, j] = (q_i . k_j)
+exp(gc_i - gc_j)`` for ``j <= i``, zeros elsewhere, laid out as ``A``. The
+walk's tests (tests/test_chunk_fwd_kernel.py) check the output it feeds;
+these check the block itself, row by row. float32 and float16 (the
+interpreter cannot multiply bfloat16)."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the interpreter tests launch the kernels on torch CPU tensors")
+if jax.default_backend() != "cpu":
+    pytest.skip("interpreter tests run where JAX has no GPU (CI)", allow_module_level=True)
+assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
+
+from gdn_jax.torch_launch import chunk_qk_torch  # noqa: E402
+from inputs import chunk_local_cumsum  # noqa: E402
+
+TORCH = {"float32": torch.float32, "float16": torch.float16}
+TOL = {"float32": 1e-5, "float16": 2e-3}
+
+
+def qk_reference(q, k, gc, starts, T):
+    """``Aqk [B, T, H, 64]`` in float64 from the definition; ``starts``: the
+    sequences' first rows (one sequence per batch row without packing)."""
+    B, _, Hg, K = q.shape
+    H = gc.shape[2]
+    out = np.zeros((B, T, H, 64))
+    bounds = list(starts) + [T]
+    for b in range(B):
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            for c0 in range(s, e, 64):
+                rows = np.arange(c0, min(c0 + 64, e))
+                for h in range(H):
+                    hk = h // (H // Hg)
+                    g = gc[b, rows, h]
+                    a = q[b, rows, hk] @ k[b, rows, hk].T * np.exp(g[:, None] - g[None, :])
+                    out[b, rows, h, :len(rows)] = np.tril(a)
+    return out
+
+
+def run(dtype, B, T, Hg, H, K, cu=None, seed=0, config=None):
+    rng = np.random.default_rng(seed)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    q, k = (unit(rng.standard_normal((B, T, Hg, K))) for _ in range(2))
+    a = -np.logaddexp(0, -3 * rng.standard_normal((B, T, H)))  # logsigmoid, strong gates included
+    starts = [0] if cu is None else list(cu[:-1])
+    gc = chunk_local_cumsum(a, starts)
+    td = TORCH[dtype]
+    t = lambda x, d=td: torch.from_numpy(np.ascontiguousarray(x)).to(d)  # noqa: E731
+    cut = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    out = chunk_qk_torch(t(q), t(k), t(gc, torch.float32), cut, autotune=False, dot_precision="ieee",
+                         config=config)
+    assert out.dtype == td and out.shape == (B, T, H, 64)
+    got = out.double().numpy()
+    ref = qk_reference(*(t(x).double().numpy() for x in (q, k)), gc, starts, T)
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) <= TOL[dtype] * np.linalg.norm(ref)
+    # the upper triangle and the columns past a partial chunk's rows are exact zeros
+    assert (got[ref == 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", list(TORCH))
+@pytest.mark.parametrize("B,T,Hg,H", [(2, 130, 2, 4), (1, 64, 1, 1), (1, 1, 1, 2), (1, 63, 1, 8)])
+def test_fixed_length(dtype, B, T, Hg, H):
+    run(dtype, B, T, Hg, H, 32, seed=T)
+
+
+def test_packed_with_empty_and_one_row_sequences():
+    run("float32", 1, 200, 2, 4, 32, cu=np.array([0, 0, 1, 70, 70, 200], np.int32), seed=3)
+
+
+@pytest.mark.parametrize("K", [96, 256])
+def test_head_dims(K):
+    """K = 96: a masked tail in the 128-wide K tile; K = 256: two K blocks."""
+    run("float32", 1, 70, 1, 2, K, seed=K)
+
+
+@pytest.mark.parametrize("num_warps", [2, 4, 8])
+def test_every_autotune_config(num_warps):
+    run("float32", 1, 130, 1, 2, 32, cu=np.array([0, 5, 130], np.int32), seed=7,
+        config=dict(num_warps=num_warps, num_stages=2))
