@@ -75,6 +75,12 @@ def state_rows(B: int, T: int, N: int, varlen: bool) -> int:
     return cdiv(T, BT) + N if varlen else B * cdiv(T, BT)
 
 
+def chunk_qk_block(K: int) -> int:
+    """``BK`` of ``kernels/chunk_qk.py``: ``K`` rounded up to a power of two
+    (at least 16), at most 128 (two blocks at K = 256)."""
+    return min(128, max(16, 1 << (K - 1).bit_length()))
+
+
 def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
     """``Aqk [B, T, H, 64]`` in q's dtype (``kernels/chunk_qk.py``): per chunk
     and value head the output's masked, gated ``q k^T``, laid out as
@@ -92,7 +98,7 @@ def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
     return launch("chunk_qk", gdn_chunk_qk_kernel,
                   (q, k, gc, cu_seqlens if varlen else dummy, chunk_indices if varlen else dummy, T),
                   out=jax.ShapeDtypeStruct((B, T, H, BT), q.dtype), grid=grid, H=H, Hg=Hg, K=K, BT=BT,
-                  BK=min(128, max(16, 1 << (K - 1).bit_length())), IS_VARLEN=varlen,
+                  BK=chunk_qk_block(K), IS_VARLEN=varlen,
                   DOT_PRECISION=dot_precision())
 
 

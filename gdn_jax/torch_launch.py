@@ -128,6 +128,7 @@ def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="t
     batch computed from ``cu_seqlens``); ``config`` (kwargs) pins the config."""
     import torch
 
+    from .chunk_launch import chunk_qk_block
     from .kernels.chunk_qk import gdn_chunk_qk_kernel
 
     B, T, Hg, K = k.shape
@@ -142,7 +143,7 @@ def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="t
                                     None if config is None else {"chunk_qk": config})
     kernel[head_fastest_grid(len(ci) if varlen else cdiv(T, 64), H, B)](
         q, k, gc, dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, Aqk, H=H, Hg=Hg, K=K, BT=64,
-        BK=min(128, max(16, 1 << (K - 1).bit_length())), IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
+        BK=chunk_qk_block(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **kwargs)
     return Aqk
 

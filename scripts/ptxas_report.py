@@ -46,7 +46,7 @@ import warnings
 import zlib
 
 from gdn_jax.chunk_bwd_launch import value_block
-from gdn_jax.chunk_launch import chunk_fwd_constexprs
+from gdn_jax.chunk_launch import chunk_fwd_constexprs, chunk_qk_block
 from gdn_jax.fused_recurrent_launch import fused_recurrent_constexprs
 from gdn_jax.triton_launch import BC, _block, wu_blocks
 
@@ -167,7 +167,7 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "chunk output block (chunk_qk)": triton_kernel(
         "chunk_qk", "gdn_chunk_qk_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, gc=F32, cu_seqlens=I32, chunk_indices=I32, T="i32", Aqk=s.dtype),
-        lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, BT=64, BK=min(128, s.K), IS_VARLEN=s.varlen,
+        lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, BT=64, BK=chunk_qk_block(s.K), IS_VARLEN=s.varlen,
                        DOT_PRECISION="tf32")),
     "backward reverse walk (chunk_bwd_walk)": triton_kernel(
         "chunk_bwd_walk", "gdn_chunk_bwd_walk_kernel",
