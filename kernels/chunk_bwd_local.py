@@ -25,6 +25,7 @@ launcher sums a key head's value heads. The sums over ``V`` run over blocks of
 import triton
 import triton.language as tl
 
+from .safe_exp import causal_decay
 from .tiles import program_chunk
 
 
@@ -111,8 +112,7 @@ def gdn_chunk_bwd_local_kernel(
     b_e = tl.where(m_t, tl.exp(b_g), 0)
     b_decay = tl.where(m_t, tl.exp(g_last - b_g), 0)
 
-    causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]  # rows past the end: gate 0, exp overflows
-    b_E = tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], float("-inf")))
+    b_E = causal_decay(b_g, m_t, BT)
     b_D = scale * b_dov * b_E  # [i, j]
     b_Dx = b_D.to(b_k.dtype)
     b_dq = scale * b_e[:, None] * b_dos + tl.dot(b_Dx, b_k, input_precision=DOT_PRECISION)

@@ -55,6 +55,8 @@ order follows jax-triton: inputs, the scalars, the outputs, the constexprs.
 import triton
 import triton.language as tl
 
+from .safe_exp import causal_decay
+
 
 @triton.jit
 def sequence_rows(i_n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
@@ -269,9 +271,7 @@ def gdn_chunk_fwd_kernel(
                     b_a = b_qk
                 else:
                     b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-                    # rows past the end have gate 0: exp(0 - gc_j) overflows on strong gates
-                    b_a = b_a * tl.exp(tl.where((o_t[:, None] >= o_t[None, :]) & m_t[:, None],
-                                                b_g[:, None] - b_g[None, :], float("-inf")))
+                    b_a = b_a * causal_decay(b_g, m_t, BT)
                 b_o += tl.dot(b_a.to(b_w.dtype), b_v.to(b_w.dtype), input_precision=DOT_PRECISION)
                 tl.store(o + r[:, None] * (H * V) + o_v[None, :], (b_o * scale).to(o.dtype.element_ty),
                          mask=m_tv)

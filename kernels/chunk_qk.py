@@ -15,8 +15,7 @@ block 0.525 ms, this kernel 0.156, against 0.762 for the walk forming it).
 Stored as ``A`` is (``[B, T, H, 64]``: row ``c0 + i`` holds ``Aqk[i, 0:n]``,
 zeros in the rest; rows past a sequence's end are not written) in ``q``'s
 dtype, the dtype the walk rounds it to for its dot with ``v'``. Padding rows
-stay out of the exponent (their gate would read as 0, and ``exp(0 - gc_j)``
-overflows on strong gates).
+stay out of the exponent (``safe_exp.causal_decay``).
 
 One program per (chunk, value head, batch row) on the head-fastest grid
 (``tiles.program_chunk``: the value heads of one key head side by side, so
@@ -27,6 +26,7 @@ the output, the constexprs.
 import triton
 import triton.language as tl
 
+from .safe_exp import causal_decay
 from .tiles import program_chunk
 
 
@@ -68,7 +68,6 @@ def gdn_chunk_qk_kernel(
         b_k = tl.load(k + offsets, mask=m_tk, other=0)
         b_a += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
     b_g = tl.load(gc + rows * H + i_h, mask=m_t, other=0).to(tl.float32)
-    causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-    b_a *= tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], float("-inf")))
+    b_a *= causal_decay(b_g, m_t, BT)
     tl.store(Aqk + (rows * H + i_h)[:, None] * BT + o_t[None, :], b_a.to(Aqk.dtype.element_ty),
              mask=m_t[:, None])
