@@ -15,6 +15,14 @@ from .autotune import UNTUNED
 from .triton_launch import BC, _block, check_seed_triton, head_fastest_grid, wu_blocks
 
 
+def chunk_indices_torch(cu_seqlens, device, chunk_size=64):
+    """:func:`gdn_jax.prepare_chunk_indices` of torch ``cu_seqlens`` as a torch
+    int32 tensor on ``device``."""
+    import torch
+
+    return torch.from_numpy(np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), chunk_size))).to(device)
+
+
 def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None):
     """``(kernel, config kwargs)``: the inner ``JITFunction`` with the config
     ``configs[name]`` when given, else the autotuned kernel as it is (Triton's
@@ -55,8 +63,7 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     H, V = v.shape[2], v.shape[3]
     BT = chunk_size
     if cu_seqlens is not None and chunk_indices is None:
-        ci = np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), BT))
-        chunk_indices = torch.from_numpy(ci).to(k.device)
+        chunk_indices = chunk_indices_torch(cu_seqlens, k.device, BT)
     NT = cdiv(T, BT) if cu_seqlens is None else len(chunk_indices)
     # the seed's kkt_solve writes the lower blocks only; the other paths store A whole
     A = (torch.zeros if path == "seed" else torch.empty)(B, T, H, BT, device=k.device, dtype=k.dtype)
@@ -136,8 +143,7 @@ def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="t
     dev = k.device
     varlen = cu_seqlens is not None
     dummy = torch.zeros(1, dtype=torch.int32, device=dev)
-    ci = torch.from_numpy(np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), 64))).to(dev) \
-        if varlen else dummy
+    ci = chunk_indices_torch(cu_seqlens, dev) if varlen else dummy
     Aqk = torch.empty(B, T, H, 64, device=dev, dtype=q.dtype)
     kernel, kwargs = tuned_or_fixed(gdn_chunk_qk_kernel, "chunk_qk", autotune,
                                     None if config is None else {"chunk_qk": config})
@@ -223,8 +229,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dev = k.device
     dummy = torch.zeros(1, dtype=torch.int32, device=dev)
     cu = dummy if not varlen else cu_seqlens.to(torch.int32)
-    ci = torch.from_numpy(np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), 64))).to(dev) \
-        if varlen else dummy
+    ci = chunk_indices_torch(cu_seqlens, dev) if varlen else dummy
     offsets = torch.from_numpy(np.array(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev) \
         if varlen else dummy
     NT = cdiv(T, 64) if not varlen else len(ci)
