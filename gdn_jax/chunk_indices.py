@@ -58,6 +58,13 @@ def prepare_chunk_indices(cu_seqlens, chunk_size: int = 64) -> jax.Array:
     return jnp.asarray(np.stack([seq, chunk], axis=1).astype(np.int32).reshape(-1, 2))
 
 
+def padded_chunk_rows(T: int, N: int, chunk_size: int = 64) -> int:
+    """``cdiv(T, chunk_size) + N``: the bound on the chunks of ``N`` sequences
+    packed into ``T`` rows (each adds at most one partial chunk), the static
+    length of :func:`chunk_indices_in_graph`."""
+    return cdiv(T, chunk_size) + N
+
+
 def chunk_indices_in_graph(cu_seqlens: jax.Array, T: int, chunk_size: int = 64) -> jax.Array:
     """Chunk indices for traced ``cu_seqlens``, padded to a static length.
 
@@ -73,7 +80,7 @@ def chunk_indices_in_graph(cu_seqlens: jax.Array, T: int, chunk_size: int = 64) 
     """
     cu = cu_seqlens.astype(jnp.int32)
     n_seq = cu.shape[0] - 1
-    n_rows = cdiv(T, chunk_size) + n_seq
+    n_rows = padded_chunk_rows(T, n_seq, chunk_size)
     lens = jnp.maximum(cu[1:] - cu[:-1], 0)
     n_chunks = (lens + chunk_size - 1) // chunk_size
     ends = jnp.cumsum(n_chunks)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .autotune import autotune_enabled, timing_allowed
-from .chunk_indices import cdiv
+from .chunk_indices import cdiv, padded_chunk_rows
 from .triton_launch import GRID_LIMITS, TIMING_ROWS, check_grid, dot_precision, head_fastest_grid, launch
 from .validate import check_kernel_dtypes
 
@@ -62,7 +62,8 @@ def _time_on_fewer_rows(q, k, w, u, gc, h0, cu_seqlens, chunk_offsets, beta=None
     fewer = lambda x: jax.ShapeDtypeStruct(rows + x.shape[2:], x.dtype)  # noqa: E731
     n = rows[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     state = None if h0 is None else jax.ShapeDtypeStruct((n,) + h0.shape[1:], h0.dtype)
-    ci = None if chunk_indices is None else jax.ShapeDtypeStruct((cdiv(rows[1], BT) + n, 2), jnp.int32)
+    ci = None if chunk_indices is None else jax.ShapeDtypeStruct((padded_chunk_rows(rows[1], n, BT), 2),
+                                                                  jnp.int32)
     jax.eval_shape(functools.partial(chunk_walk_triton, **kwargs), *map(fewer, (q, k, w, u, gc)),
                    state, cu_seqlens, chunk_offsets, beta=None if beta is None else fewer(beta),
                    chunk_indices=ci)
@@ -72,7 +73,7 @@ def state_rows(B: int, T: int, N: int, varlen: bool) -> int:
     """Rows of the per-chunk states ``h [rows, H, K, V]``: every chunk of the
     batch (fixed length), or the bound ``cdiv(T, 64) + N`` of a packed batch
     (rows past its chunks are not written)."""
-    return cdiv(T, BT) + N if varlen else B * cdiv(T, BT)
+    return padded_chunk_rows(T, N, BT) if varlen else B * cdiv(T, BT)
 
 
 def chunk_qk_block(K: int) -> int:

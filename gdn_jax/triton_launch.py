@@ -17,7 +17,7 @@ import numpy as np
 
 from .autotune import autotune_enabled, chosen_config, timing_allowed
 from .backend import compute_capability_major
-from .chunk_indices import cdiv
+from .chunk_indices import cdiv, padded_chunk_rows
 from .validate import check_kernel_dtypes
 
 BC = 16  # sub-block rows of the fused kernels (4 x 16 = 64)
@@ -198,7 +198,7 @@ def time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path):
     if cu_seqlens is not None:  # stand-ins: segments spread over the rows, and their chunks
         work = dict(cu_seqlens=jax.ShapeDtypeStruct(cu_seqlens.shape, cu_seqlens.dtype),
                     chunk_indices=jax.ShapeDtypeStruct(
-                        (cdiv(rows[1], chunk_size) + cu_seqlens.shape[0] - 1, 2), jnp.int32))
+                        (padded_chunk_rows(rows[1], cu_seqlens.shape[0] - 1, chunk_size), 2), jnp.int32))
     jax.eval_shape(functools.partial(fwd_intra_triton, chunk_size=chunk_size, path=path),
                    *map(fewer, (k, v, g, beta)), **work)
 
