@@ -157,8 +157,8 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     **{name: triton_kernel(
         "chunk_fwd", "gdn_chunk_fwd_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, u=s.dtype, gc=F32, beta=F32, qk=s.dtype, h0=F32,
-                       cu_seqlens=I32,
-                       chunk_offsets=I32, scale="fp32", T="i32", o=s.dtype, ht=F32, h=s.dtype, v_new=s.dtype),
+                       cu_seqlens=I32, chunk_offsets=I32, scale="fp32", T="i32", o=s.dtype, ht=F32, h=s.dtype,
+                       v_new=s.dtype),
         lambda s, from_A=from_A: dict(**chunk_fwd_constexprs(s.Hg, s.H, s.K, s.K, True, True, s.varlen, False,
                                                              "tf32"),
                                       WRITE_O=True, STORE_H=False, STORE_V=False, FROM_A=from_A))
@@ -178,8 +178,8 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,
-                       dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=s.dtype, dk=s.dtype,
-                       dw=s.dtype, dg=F32),
+                       dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=s.dtype,
+                       dk=s.dtype, dw=s.dtype, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=value_block(s.K, s.itemsize),
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "backward WY (wy_bwd)": triton_kernel(
