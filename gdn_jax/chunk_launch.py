@@ -93,8 +93,8 @@ def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
     B, T, Hg, K = k.shape
     H = gc.shape[2]
     varlen = cu_seqlens is not None
-    grid = head_fastest_grid(chunk_indices.shape[0] if varlen else cdiv(T, BT), H, B)
-    check_grid("chunk_gated_delta_rule", grid, ("chunks * value heads (NT * H)", "batch rows B"))
+    grid = head_fastest_grid(chunk_indices.shape[0] if varlen else cdiv(T, BT), Hg, B)  # per key head
+    check_grid("chunk_gated_delta_rule", grid, ("chunks * key heads (NT * Hg)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     return launch("chunk_qk", gdn_chunk_qk_kernel,
                   (q, k, gc, cu_seqlens if varlen else dummy, chunk_indices if varlen else dummy, T),

@@ -147,7 +147,7 @@ def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="t
     Aqk = torch.empty(B, T, H, 64, device=dev, dtype=q.dtype)
     kernel, kwargs = tuned_or_fixed(gdn_chunk_qk_kernel, "chunk_qk", autotune,
                                     None if config is None else {"chunk_qk": config})
-    kernel[head_fastest_grid(len(ci) if varlen else cdiv(T, 64), H, B)](
+    kernel[head_fastest_grid(len(ci) if varlen else cdiv(T, 64), Hg, B)](
         q, k, gc, dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, Aqk, H=H, Hg=Hg, K=K, BT=64,
         BK=chunk_qk_block(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **kwargs)

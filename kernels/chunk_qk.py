@@ -17,10 +17,11 @@ zeros in the rest; rows past a sequence's end are not written) in ``q``'s
 dtype, the dtype the walk rounds it to for its dot with ``v'``. Padding rows
 stay out of the exponent (``safe_exp.causal_decay``).
 
-One program per (chunk, value head, batch row) on the head-fastest grid
-(``tiles.program_chunk``: the value heads of one key head side by side, so
-they read its q and k rows through L2); 64-bit row offsets; plain pointer
-arithmetic. Parameter order follows jax-triton: inputs, the scalar ``T``,
+One program per (chunk, key head, batch row) on the head-fastest grid
+(``tiles.program_chunk`` over the ``Hg`` key heads): ``q k^T`` is the same
+for the value heads that share a key head (GQA), so each program forms it
+once and stores it gated by each of those value heads' gates in turn; 64-bit
+row offsets; plain pointer arithmetic. Parameter order follows jax-triton: inputs, the scalar ``T``,
 the output, the constexprs.
 """
 import triton
@@ -51,10 +52,9 @@ def gdn_chunk_qk_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
+    i_t, i_hk, bos, T = program_chunk(cu_seqlens, chunk_indices, T, Hg, IS_VARLEN)
     if i_t * BT >= T:
         return
-    i_hk = i_h // (H // Hg)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t  # 64-bit: bos is
     m_t = i_t * BT + o_t < T
@@ -67,7 +67,8 @@ def gdn_chunk_qk_kernel(
         b_q = tl.load(q + offsets, mask=m_tk, other=0)
         b_k = tl.load(k + offsets, mask=m_tk, other=0)
         b_a += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-    b_g = tl.load(gc + rows * H + i_h, mask=m_t, other=0).to(tl.float32)
-    b_a *= causal_decay(b_g, m_t, BT)
-    tl.store(Aqk + (rows * H + i_h)[:, None] * BT + o_t[None, :], b_a.to(Aqk.dtype.element_ty),
-             mask=m_t[:, None])
+    for i_r in tl.static_range(H // Hg):  # the value heads that read key head i_hk
+        i_h = i_hk * (H // Hg) + i_r
+        b_g = tl.load(gc + rows * H + i_h, mask=m_t, other=0).to(tl.float32)
+        tl.store(Aqk + (rows * H + i_h)[:, None] * BT + o_t[None, :],
+                 (b_a * causal_decay(b_g, m_t, BT)).to(Aqk.dtype.element_ty), mask=m_t[:, None])
