@@ -55,7 +55,7 @@ UNTUNED = {
     "fused": dict(BK=64, num_warps=2, num_stages=3),
     "A": dict(BK=64, num_warps=1),
     "chunk_fwd": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
-    "chunk_qk": dict(num_warps=4, num_stages=2),
+    "chunk_qk": dict(num_warps=2, num_stages=2),
     "chunk_bwd_walk": dict(BV=32, num_warps=4, num_stages=2),
     "chunk_bwd_local": dict(num_warps=4, num_stages=2),
     "wy_bwd": dict(num_warps=8, num_stages=2),
