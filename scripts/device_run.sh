@@ -2,8 +2,9 @@
 # On a GPU machine without a package registry: installs the carried jax-triton
 # wheel and this package into /tmp, then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
-# Carry: .whl (jt03/, jt04/ wheels; fla/ with the fla-core wheel for the comparison columns).
+#   phases: info | save-autotune | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
+# Carry: .whl (jt03/, jt04/ wheels; fla/ with the fla-core wheel for the comparison columns),
+# and .triton_autotune.tgz where an earlier call saved it.
 # Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
 set -uo pipefail
 JT=$1; shift
@@ -16,6 +17,11 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TRITON_CACHE_DIR=/
   JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   GDN_JAX_CACHE_DIR=/tmp/gdn_jax_cache
 python3 -m pip install -q --no-index --no-deps --target /tmp/jt$JT .whl/jt$JT/*.whl || exit 1
+# Triton's autotuner results of an earlier machine (phase save-autotune; carry
+# .triton_autotune.tgz): fla's kernels (cache_results) then compile their
+# chosen configs only instead of timing every config (130 to 190 s a new kind
+# of shape), where the image's triton and the kernels' sources match.
+[ -f .triton_autotune.tgz ] && mkdir -p "$TRITON_CACHE_DIR" && tar -xzf .triton_autotune.tgz -C "$TRITON_CACHE_DIR"
 # The package as users get it (kernels/ mapped to gdn_jax.kernels); a copy if the
 # image's setuptools cannot build it offline.
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/pkg . >"$OUT/install.log" 2>&1; then
@@ -40,6 +46,9 @@ for phase in "$@"; do
     test-tuned) python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12;;
     # the whole forward, its gradients and decode against float64, fixed configs
     test-chunk) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests/test_chunk_gpu.py tests/test_chunk_grad_gpu.py tests/test_fused_recurrent_gpu.py 2>&1 | tee "$OUT/test_chunk_jt$JT.log" | tail -25;;
+    # the autotuner results in Triton's cache, to carry to a later machine (see above)
+    save-autotune) (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar -czf "$OUT/triton_autotune.tgz" -T -) \
+      && echo "saved $(tar -tzf "$OUT/triton_autotune.tgz" | wc -l) autotune results";;
     bench-chunk) python3 -P benchmarks/bench_chunk.py --out "$OUT" 2>&1 | tee "$OUT/bench_chunk.log" | tail -14;;
     bench-backward) python3 -P benchmarks/bench_chunk.py --backward --no-reference --out "$OUT" 2>&1 | tee "$OUT/bench_backward.log" | tail -12;;
     # context parallelism: the segment math on the kernels (one GPU), then one GPU against T sharded over all
