@@ -21,8 +21,8 @@ One program per (chunk, key head, batch row) on the head-fastest grid
 (``tiles.program_chunk`` over the ``Hg`` key heads): ``q k^T`` is the same
 for the value heads that share a key head (GQA), so each program forms it
 once and stores it gated by each of those value heads' gates in turn; 64-bit
-row offsets; plain pointer arithmetic. Parameter order follows jax-triton: inputs, the scalar ``T``,
-the output, the constexprs.
+row offsets; plain pointer arithmetic. Parameter order follows jax-triton:
+inputs, the scalar ``T``, the output, the constexprs.
 """
 import triton
 import triton.language as tl
