@@ -6,10 +6,14 @@ time (torch.profiler), and the gradients against the first config's.
 
     python benchmarks/chunk_bwd_probe.py [--shape headline] [--configs SPEC;SPEC...] [--out DIR]
 
-A SPEC is ``name=warps:stages:maxnreg[,name=...]`` (``maxnreg`` 0: no cap;
-names as in ``gdn_jax.autotune.UNTUNED``; a kernel left out keeps its fixed
-config). Why a cap: the per-chunk and WY kernels sit at 255 registers, one
-8-warp program per SM (docs/performance.md); at 128 registers two fit.
+A SPEC is ``name=warps:stages:maxnreg[:BV][,name=...]`` (``maxnreg`` 0: no
+cap; ``BV`` the kernel's block of value columns where it has one; names as
+in ``gdn_jax.autotune.UNTUNED``; a kernel left out keeps its fixed config),
+with ``qk=0`` (the reverse walk forms ``q k^T`` itself) and ``A=0`` (``w, u``
+rebuilt for both walks) for the kernels' other forms
+(``chunk_bwd_torch``'s ``qk_in``, ``from_A``). Why a cap: the per-chunk and
+WY kernels sit at 255 registers, one 8-warp program per SM
+(docs/performance.md); at 128 registers two fit.
 """
 from __future__ import annotations
 
@@ -28,24 +32,28 @@ from gdn_jax.torch_launch import chunk_bwd_torch, fwd_intra_torch
 
 CONFIGS = ";".join([
     "",  # the fixed configs
-    "chunk_bwd_local=8:2:128,wy_bwd=8:2:128",
-    "chunk_bwd_local=8:1:128,wy_bwd=8:1:128",
-    "chunk_bwd_local=4:2:0,wy_bwd=4:2:0",
-    "wy_bwd=4:2:168",
-    "wy_bwd=4:2:128",
-    "chunk_bwd_local=8:2:168",
+    "A=0,qk=0",
+    "A=0",
+    "chunk_bwd_walk=4:2:0:16",
+    "chunk_bwd_walk=8:2:0:16",
+    "chunk_bwd_walk=8:2:0:32",
+    "chunk_bwd_walk=8:2:0:64",
+    "wy_bwd=4:2:0",
 ])
 
 
-def parse(spec: str) -> dict:
-    """``{kernel name: config kwargs}`` of one SPEC (module docstring)."""
-    configs = {}
+def parse(spec: str) -> tuple[dict, dict]:
+    """``({kernel name: config kwargs}, {qk_in, from_A})`` of one SPEC (module docstring)."""
+    configs, forms = {}, {}
     for item in filter(None, spec.split(",")):
         name, values = item.split("=")
-        warps, stages, maxnreg = map(int, values.split(":"))
+        if name in ("qk", "A"):
+            forms[{"qk": "qk_in", "A": "from_A"}[name]] = bool(int(values))
+            continue
+        warps, stages, maxnreg, *BV = map(int, values.split(":"))
         configs[name] = dict(UNTUNED[name], num_warps=warps, num_stages=stages,
-                             **({"maxnreg": maxnreg} if maxnreg else {}))
-    return configs
+                             **({"maxnreg": maxnreg} if maxnreg else {}), **({"BV": BV[0]} if BV else {}))
+    return configs, forms
 
 
 def main():
@@ -69,9 +77,9 @@ def main():
     _, _, A = fwd_intra_torch(k, v, g, beta, autotune=False, path="split")
     rows, ref = [], None
     for spec in a.configs.split(";"):
-        configs = parse(spec)
+        configs, forms = parse(spec)
         run = lambda: chunk_bwd_torch(q, k, v, g, beta, A, h0, do, None, scale=K ** -0.5,  # noqa: E731
-                                      configs=configs)
+                                      configs=configs, **forms)
         try:
             grads = run()
             torch.cuda.synchronize()

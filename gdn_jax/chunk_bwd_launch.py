@@ -1,13 +1,16 @@
-"""Launch of the backward kernels through jax-triton: the recompute of ``w, u``
-and of the chunk states, the reverse walk, the per-chunk gradients and the
-WY backward (``kernels/chunk_bwd_walk.py``, ``kernels/chunk_bwd_local.py``,
-``kernels/wy_bwd.py``), then the sums over K blocks and GQA heads in jnp.
+"""Launch of the backward kernels through jax-triton: the recompute of the
+chunk states and ``v'`` (the forward's walk from ``A``), the output's
+attention block (``chunk_qk``), the reverse walk, the per-chunk gradients
+and the WY backward (``kernels/chunk_bwd_walk.py``,
+``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``), then the sums over K
+blocks and GQA heads in jnp.
 
 What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``) and
-the chunk-local gates; ``w``, ``u``, the states entering each chunk and ``v'``
-are recomputed here (as flash-linear-attention does: ``A`` is a quarter of
-``w`` and ``u``'s bytes at K = V = 128, and the chunk states, ``[B, T / 64,
-H, K, V]``, are as large as ``v`` at V = 64 rows).
+the chunk-local gates; the states entering each chunk and ``v'`` are
+recomputed here (as flash-linear-attention does: the chunk states, ``[B, T /
+64, H, K, V]``, are as large as ``v`` at V = 64 rows). Both walks read ``A``
+in place of ``w = A (beta e k)`` and ``u = A (beta v)``, which are never
+built.
 """
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ import jax.numpy as jnp
 
 from .chunk_bwd_jnp import key_heads
 from .chunk_indices import cdiv, chunk_offsets
-from .chunk_launch import chunk_fwd_grid, chunk_walk_triton, programs_bucket
-from .triton_launch import check_grid, dot_precision, head_fastest_grid, launch, recompute_w_u_triton
+from .chunk_launch import chunk_fwd_grid, chunk_qk_triton, chunk_walk_triton, programs_bucket
+from .triton_launch import check_grid, dot_precision, head_fastest_grid, launch
 from .validate import check_kernel_dtypes
 
 BT = 64
@@ -76,9 +79,11 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     offsets = chunk_offsets(cu_seqlens) if varlen else None
     prec = dot_precision()
 
-    w, u = recompute_w_u_triton(k, v, gc, beta, A, cu_seqlens, chunk_indices)
-    _, _, h, v_new = chunk_walk_triton(k, k, w, u, gc, initial_state, cu_seqlens, offsets, scale=scale,
-                                       write_o=False, store_final=False, store_h=True, store_v=True)
+    beta32 = beta.astype(f32)
+    _, _, h, v_new = chunk_walk_triton(k, k, A, v, gc, initial_state, cu_seqlens, offsets, scale=scale,
+                                       write_o=False, store_final=False, store_h=True, store_v=True,
+                                       beta=beta32, chunk_indices=chunk_indices)
+    qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
     from .kernels.wy_bwd import gdn_wy_bwd_kernel
@@ -89,12 +94,12 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     rows = jax.ShapeDtypeStruct((B, T, H, V), k.dtype)
     dv_new, dh, dh0 = launch(
         "chunk_bwd_walk", gdn_chunk_bwd_walk_kernel,
-        (q, k, w, gc, do, dummy if dht is None else dht.astype(f32), cu,
+        (q, k, A, beta32, gc, do, qk, dummy if dht is None else dht.astype(f32), cu,
          dummy if offsets is None else offsets, float(scale), T),
         out=(rows, jax.ShapeDtypeStruct(h.shape, h.dtype), jax.ShapeDtypeStruct((N, H, K, V), f32)),
         grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]), tune_key=("programs", programs_bucket(N, H)),
         H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
-        DOT_PRECISION=prec)
+        DOT_PRECISION=prec, QK_IN=True, FROM_A=True)
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
     per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
     dq, dk, dw, dg = launch(

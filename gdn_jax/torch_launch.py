@@ -204,16 +204,22 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
 
 
 def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None, *, scale,
-                    dot_precision="tf32", config=None, configs=None):
+                    dot_precision="tf32", config=None, configs=None, qk_in=True, from_A=True):
     """The backward of the chunked forward from the Triton kernels on torch
     tensors (the interpreter tests' launch of the whole pipeline):
     ``(dq, dk, dv, dgc, dbeta, dh0)`` as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`.
-    The steps: ``w, u`` from ``A`` (``recompute_w_u``), the walk again storing
-    the chunk states and ``v'``, the reverse walk, the per-chunk gradients, the
-    WY backward; then the sums over K blocks and value heads (torch).
+    The steps, as :func:`gdn_jax.chunk_bwd_launch.chunk_bwd_triton`: the walk
+    from ``A`` again storing the chunk states and ``v'``, the output block
+    (``chunk_qk``), the reverse walk, the per-chunk gradients, the WY
+    backward; then the sums over K blocks and value heads (torch).
+    ``qk_in=False`` has the reverse walk form ``q k^T`` itself, ``from_A=False``
+    rebuilds ``w, u`` (``recompute_w_u``) for both walks (the kernels' other
+    forms, for tests and the probe).
     ``config``: the recompute walk's config; ``configs`` (``{kernel name:
     config kwargs}``, names as in :data:`gdn_jax.autotune.UNTUNED`, Triton
-    launch options such as ``maxnreg`` included) pins the other kernels'."""
+    launch options such as ``maxnreg`` included, and ``BV`` of the per-chunk
+    and WY kernels, else :func:`~gdn_jax.chunk_bwd_launch.value_block`) pins
+    the other kernels'."""
     import torch
 
     from .chunk_bwd_launch import _pow2, partials_in_input_dtype, value_block
@@ -233,17 +239,26 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     offsets = torch.from_numpy(np.array(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev) \
         if varlen else dummy
     NT = cdiv(T, 64) if not varlen else len(ci)
-    # w, u from the saved A (the split path's second kernel)
-    w = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
-    u = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
-    common = dict(T=T, H=H, Hg=Hg, K=K, BT=64, USE_G=True, IS_VARLEN=varlen, DOT_PRECISION=dot_precision)
     grid = head_fastest_grid(NT, H, B)
-    wu, wu_config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", False, configs)
-    wu[grid](k=k, v=v, beta=beta, g=gc, A=A, cu_seqlens=cu, chunk_indices=ci, w=w, u=u, V=V,
-             **wu_blocks(K, V), **common, **wu_config)
-    _, _, h, vn = chunk_fwd_torch(k, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
-                                  output_final_state=False, write_o=False, store_h=True, store_v=True,
-                                  autotune=False, config=config, dot_precision=dot_precision)
+    if from_A:
+        w, beta_w = A, beta.float()
+        _, _, h, vn = chunk_fwd_torch(k, k, A, v, gc, initial_state, cu_seqlens, scale=scale,
+                                      output_final_state=False, write_o=False, store_h=True, store_v=True,
+                                      autotune=False, config=config, dot_precision=dot_precision,
+                                      beta=beta_w)
+    else:  # w, u from the saved A (the split path's second kernel)
+        w = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
+        u = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
+        common = dict(T=T, H=H, Hg=Hg, K=K, BT=64, USE_G=True, IS_VARLEN=varlen, DOT_PRECISION=dot_precision)
+        wu, wu_config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", False, configs)
+        wu[grid](k=k, v=v, beta=beta, g=gc, A=A, cu_seqlens=cu, chunk_indices=ci, w=w, u=u, V=V,
+                 **wu_blocks(K, V), **common, **wu_config)
+        beta_w = dummy
+        _, _, h, vn = chunk_fwd_torch(k, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
+                                      output_final_state=False, write_o=False, store_h=True, store_v=True,
+                                      autotune=False, config=config, dot_precision=dot_precision)
+    qk = chunk_qk_torch(q, k, gc, cu_seqlens, autotune=False, dot_precision=dot_precision,
+                        config=(configs or {}).get("chunk_qk")) if qk_in else dummy
     dv_new = torch.empty(B, T, H, V, device=dev, dtype=k.dtype)  # as chunk_bwd_launch: read rounded to k's dtype
     dh = torch.empty_like(h)
     dh0 = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
@@ -252,9 +267,9 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
 
     BK = _pow2(K)
     walk[chunk_fwd_grid(N, H, V, walk_config["BV"])](
-        q, k, w, gc, do, dummy if dht is None else dht.float(), cu, offsets, float(scale), T,
+        q, k, w, beta_w, gc, do, qk, dummy if dht is None else dht.float(), cu, offsets, float(scale), T,
         dv_new, dh, dh0, H=H, Hg=Hg, K=K, V=V, BT=64, BK=BK, USE_DHT=dht is not None,
-        IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **walk_config)
+        IS_VARLEN=varlen, DOT_PRECISION=dot_precision, QK_IN=qk_in, FROM_A=from_A, **walk_config)
     BKl = min(64, BK)
     NK = cdiv(K, BKl)
     BV = value_block(V, k.element_size())  # as chunk_bwd_launch
@@ -266,7 +281,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False, configs)
     local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, BV=BV, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **local_config)
+        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **{"BV": BV, **local_config})
     dk_wy = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
@@ -274,7 +289,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs)
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
-        BT=64, BK=BK, BV=BV, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **wy_config)
+        BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **{"BV": BV, **wy_config})
     heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
     return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
 

@@ -12,7 +12,21 @@ cotangent) on chip, and per chunk (``e = exp(gc)``, ``gamma = exp(gl)``,
     dS <- gamma dS + scale (e q)^T do - w^T dv'
 
 and the initial state's cotangent last. Chunk rows past the sequence end
-load as zeros. The program layout and conventions are those of
+load as zeros.
+
+Two inputs in place of products formed on the walk's chain, each a
+constexpr switch (what they save: docs/performance.md):
+
+- ``QK_IN``: ``qk`` holds the forward's output block ``M = tril(q k^T E)``
+  (``kernels/chunk_qk.py``, laid out as ``A``), read as ``M^T`` for ``M^T do``
+  instead of forming ``q k^T`` and its masked exponentials per chunk.
+- ``FROM_A``: ``w`` holds ``A [B, T, H, 64]`` of ``fwd_intra`` and ``beta``
+  is given: from ``w = A (beta e k)``, ``w^T dv' = k^T (beta e (A^T dv'))``,
+  so ``w`` is never rebuilt for the backward.
+
+The scaled copies are taken of ``[64, BV]`` tiles (``do`` by ``e``, ``k dS``
+by ``exp(gl - gc)``) rather than of ``[64, K]`` copies of ``q`` and ``k``,
+which keeps fewer registers live. The program layout and conventions are those of
 ``kernels/chunk_fwd.py`` (V block fastest, 64-bit row offsets, plain pointers,
 outputs last).
 """
@@ -35,8 +49,10 @@ def gdn_chunk_bwd_walk_kernel(
     q,
     k,
     w,
+    beta,
     gc,
     do,
+    qk,
     dht,
     cu_seqlens,
     chunk_offsets,
@@ -55,6 +71,8 @@ def gdn_chunk_bwd_walk_kernel(
     USE_DHT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    QK_IN: tl.constexpr = False,
+    FROM_A: tl.constexpr = False,
 ):
     i_v, i_h, i_n, i_hk, bos, seq_len = program_heads(cu_seqlens, T, H, Hg, V, BV, IS_VARLEN)
     scale = tl.cast(scale, tl.float32)
@@ -72,7 +90,13 @@ def gdn_chunk_bwd_walk_kernel(
     m_v = o_v < V
     q += (bos * Hg + i_hk) * K
     k += (bos * Hg + i_hk) * K
-    w += (bos * H + i_h) * K
+    if FROM_A:  # w holds A [B, T, H, BT]
+        w += (bos * H + i_h) * BT
+        beta += bos * H + i_h
+    else:
+        w += (bos * H + i_h) * K
+    if QK_IN:
+        qk += (bos * H + i_h) * BT
     do += (bos * H + i_h) * V
     dv += (bos * H + i_h) * V
     gc += bos * H + i_h
@@ -86,23 +110,36 @@ def gdn_chunk_bwd_walk_kernel(
         m_tv = m_t[:, None] & m_v[None, :]
         b_q = tl.load(q + r[:, None] * (Hg * K) + o_k[None, :], mask=m_tk, other=0)
         b_k = tl.load(k + r[:, None] * (Hg * K) + o_k[None, :], mask=m_tk, other=0)
-        b_w = tl.load(w + r[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0)
+        if FROM_A:  # A's rows of this chunk; columns past n hold zeros
+            b_w = tl.load(w + r[:, None] * (H * BT) + o_t[None, :], mask=m_t[:, None], other=0)
+            b_beta = tl.load(beta + r * H, mask=m_t, other=0).to(tl.float32)
+        else:
+            b_w = tl.load(w + r[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0)
         b_do = tl.load(do + r[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0)
         b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H)
 
         b_dsx = b_ds.to(b_k.dtype)
         tl.store(dh + h_offsets + i_c * (H * K * V), b_dsx, mask=s_mask)
         # (q k^T E)^T do: [j, i] = <k_j, q_i> exp(gc_i - gc_j) for i >= j
-        b_a = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
-        b_a = b_a * tl.exp(tl.where((o_t[:, None] <= o_t[None, :]) & m_t[None, :],  # i in the chunk
-                                    b_g[None, :] - b_g[:, None], float("-inf")))
+        if QK_IN:  # M^T: row c0 + i of qk holds M[i, 0:n], read transposed
+            b_a = tl.load(qk + r[None, :] * (H * BT) + o_t[:, None], mask=m_t[None, :], other=0)
+        else:
+            b_a = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
+            b_a = b_a * tl.exp(tl.where((o_t[:, None] <= o_t[None, :]) & m_t[None, :],  # i in the chunk
+                                        b_g[None, :] - b_g[:, None], float("-inf")))
         b_dv = scale * tl.dot(b_a.to(b_k.dtype), b_do, input_precision=DOT_PRECISION)
-        b_kt = (b_k * tl.exp(g_last - b_g)[:, None]).to(b_k.dtype)  # rows past the end: k is 0
-        b_dv += tl.dot(b_kt, b_dsx, input_precision=DOT_PRECISION)
-        tl.store(dv + r[:, None] * (H * V) + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        # (k exp(gl - gc)) dS with the decay on the [BT, BV] product (rows past the end: k is 0)
+        b_dv += tl.exp(g_last - b_g)[:, None] * tl.dot(b_k, b_dsx, input_precision=DOT_PRECISION)
+        b_dvx = b_dv.to(b_k.dtype)
+        tl.store(dv + r[:, None] * (H * V) + o_v[None, :], b_dvx.to(dv.dtype.element_ty), mask=m_tv)
 
-        b_qe = (b_q * tl.exp(b_g)[:, None]).to(b_q.dtype)
-        b_ds = b_ds * tl.exp(g_last) + scale * tl.dot(tl.trans(b_qe), b_do, input_precision=DOT_PRECISION)
-        b_ds -= tl.dot(tl.trans(b_w), b_dv.to(b_w.dtype), input_precision=DOT_PRECISION)
+        b_doe = (b_do * tl.exp(b_g)[:, None]).to(b_do.dtype)  # (e q)^T do = q^T (e do)
+        b_ds = b_ds * tl.exp(g_last) + scale * tl.dot(tl.trans(b_q), b_doe, input_precision=DOT_PRECISION)
+        if FROM_A:  # w^T dv' = k^T (beta e (A^T dv'))
+            b_adv = tl.dot(tl.trans(b_w), b_dvx, input_precision=DOT_PRECISION)
+            b_adv = (b_adv * (b_beta * tl.exp(b_g))[:, None]).to(b_k.dtype)
+            b_ds -= tl.dot(tl.trans(b_k), b_adv, input_precision=DOT_PRECISION)
+        else:
+            b_ds -= tl.dot(tl.trans(b_w), b_dvx, input_precision=DOT_PRECISION)
 
     tl.store(dh0 + s_offsets, b_ds, mask=s_mask)

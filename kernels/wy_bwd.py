@@ -66,33 +66,32 @@ def gdn_wy_bwd_kernel(
     rows = (bos + r) * H + i_h  # [BT]: row and value head of beta, gc
     rows_hk = rows[:, None] * K + o_k[None, :]
 
-    b_k = tl.load(k + (bos + r)[:, None] * (Hg * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0)
     b_beta = tl.load(beta + rows, mask=m_t, other=0).to(tl.float32)
     b_g = tl.load(gc + rows, mask=m_t, other=0).to(tl.float32)
     b_e = tl.where(m_t, tl.exp(b_g), 0)
     b_A = tl.load(A + rows[:, None] * BT + o_t[None, :], mask=m_t[:, None] & m_t[None, :], other=0)
-    b_dw = tl.load(dw + rows_hk, mask=m_tk, other=0).to(b_A.dtype)
 
-    b_Atdw = tl.dot(tl.trans(b_A), b_dw, input_precision=DOT_PRECISION)  # [BT, BK]
-    b_kf = b_k.to(tl.float32)
-    b_db = b_e * tl.sum(b_Atdw * b_kf, axis=1)
-    b_dk = (b_beta * b_e)[:, None] * b_Atdw
-    b_dg = b_beta * b_e * tl.sum(b_Atdw * b_kf, axis=1)
-    b_bk = ((b_beta * b_e)[:, None] * b_kf).to(b_A.dtype)
-    b_dA = tl.dot(b_dw, tl.trans(b_bk), input_precision=DOT_PRECISION)
-    # The V side, a block of BV columns at a time (one block where V fits:
-    # BV = V up to what shared memory allows, chunk_bwd_launch.value_block)
+    # The V side first, a block of BV columns at a time (one block where V
+    # fits: BV = V up to what shared memory allows, chunk_bwd_launch.value_block);
+    # dA = du (beta v)^T + dw (beta e k)^T with the betas as column scales of
+    # the [BT, BT] products (no scaled copies of v and k), and A^T dw last:
+    # fewer tiles live at once.
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    b_duv = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in tl.static_range((V + BV - 1) // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         rows_hv = rows[:, None] * V + o_v[None, :]
-        b_v = tl.load(v + rows_hv, mask=m_tv, other=0)
+        b_v = tl.load(v + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
         b_du = tl.load(du + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
         b_Atdu = tl.dot(tl.trans(b_A), b_du, input_precision=DOT_PRECISION)  # [BT, BV]
         tl.store(dv + rows_hv, (b_beta[:, None] * b_Atdu).to(dv.dtype.element_ty), mask=m_tv)
         b_db += tl.sum(b_Atdu * b_v.to(tl.float32), axis=1)
-        b_bv = (b_beta[:, None] * b_v.to(tl.float32)).to(b_A.dtype)
-        b_dA += tl.dot(b_du, tl.trans(b_bv), input_precision=DOT_PRECISION)
+        b_duv += tl.dot(b_du, tl.trans(b_v), input_precision=DOT_PRECISION)
+    b_k = tl.load(k + (bos + r)[:, None] * (Hg * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0)
+    b_dw = tl.load(dw + rows_hk, mask=m_tk, other=0).to(b_A.dtype)
+    b_dA = b_duv * b_beta[None, :] + tl.dot(b_dw, tl.trans(b_k.to(b_A.dtype)),
+                                            input_precision=DOT_PRECISION) * (b_beta * b_e)[None, :]
     b_dL = tl.dot(b_dA.to(b_A.dtype), tl.trans(b_A), input_precision=DOT_PRECISION)
     b_dL = -tl.dot(tl.trans(b_A), b_dL.to(b_A.dtype), input_precision=DOT_PRECISION)
     strict = (o_t[:, None] > o_t[None, :]) & m_t[:, None] & m_t[None, :]
@@ -101,10 +100,15 @@ def gdn_wy_bwd_kernel(
     b_G = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PRECISION) * b_E
     b_db += tl.sum(b_dL * b_G, axis=1)
     b_dLb = (b_dL * b_beta[:, None] * b_E).to(b_k.dtype)
-    b_dk += tl.dot(b_dLb, b_k, input_precision=DOT_PRECISION) + tl.dot(
+    b_dk = tl.dot(b_dLb, b_k, input_precision=DOT_PRECISION) + tl.dot(
         tl.trans(b_dLb), b_k, input_precision=DOT_PRECISION)
     b_LdL = b_dL * b_beta[:, None] * b_G
-    b_dg += tl.sum(b_LdL, axis=1) - tl.sum(b_LdL, axis=0)
+    b_dg = tl.sum(b_LdL, axis=1) - tl.sum(b_LdL, axis=0)
+    b_Atdw = tl.dot(tl.trans(b_A), b_dw, input_precision=DOT_PRECISION)  # [BT, BK]
+    b_kdw = tl.sum(b_Atdw * b_k.to(tl.float32), axis=1)
+    b_db += b_e * b_kdw
+    b_dg += b_beta * b_e * b_kdw
+    b_dk += (b_beta * b_e)[:, None] * b_Atdw
     tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dbeta + rows, b_db, mask=m_t)
     tl.store(dg + rows, b_dg, mask=m_t)

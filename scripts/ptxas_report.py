@@ -171,10 +171,11 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
                        DOT_PRECISION="tf32")),
     "backward reverse walk (chunk_bwd_walk)": triton_kernel(
         "chunk_bwd_walk", "gdn_chunk_bwd_walk_kernel",
-        lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, gc=F32, do=s.dtype, dht=F32, cu_seqlens=I32,
-                       chunk_offsets=I32, scale="fp32", T="i32", dv=s.dtype, dh=s.dtype, dh0=F32),
+        lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, beta=F32, gc=F32, do=s.dtype, qk=s.dtype, dht=F32,
+                       cu_seqlens=I32, chunk_offsets=I32, scale="fp32", T="i32", dv=s.dtype, dh=s.dtype,
+                       dh0=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, USE_DHT=True, IS_VARLEN=s.varlen,
-                       DOT_PRECISION="tf32")),
+                       DOT_PRECISION="tf32", QK_IN=True, FROM_A=True)),
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,

@@ -28,7 +28,7 @@ TORCH = {"float32": torch.float32, "float16": torch.float16}
 TOL = {"float32": 1e-5, "float16": 1e-2}  # docs/math.md: gradients within 1e-2 in fp16
 
 
-def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0, gate_scale=1.0):
+def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0, gate_scale=1.0, **forms):
     N = B if cu is None else len(cu) - 1
     x, (do, dht) = draw(seed, B, T, Hg, H, K, V, N, gate_scale)
     td, f32 = TORCH[dtype], torch.float32
@@ -41,7 +41,7 @@ def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0, gate_scale=1.0):
                               autotune=False, dot_precision="ieee", path="split")
     dq, dk, dv, dg, db, dh0 = chunk_bwd_torch(t(x["q"]), t(x["k"]), t(x["v"]), t(gc, f32), t(x["beta"], f32),
                                                A, t(x["initial_state"], f32), t(do), t(dht, f32), cut,
-                                               scale=K ** -0.5, dot_precision="ieee")
+                                               scale=K ** -0.5, dot_precision="ieee", **forms)
     cu_j = None if cu is None else jnp.asarray(cu, jnp.int32)
     cu2, ci = varlen_work_list(cu_j, None, T, 64)
     da = chunk_reverse_cumsum(jnp.asarray(dg.numpy()), cu2, ci)
@@ -79,3 +79,16 @@ def test_value_columns_past_one_block(B, T, cu):
     """V = 160 in float32: the per-chunk and WY kernels' sums over V run over
     two blocks of 128 columns (chunk_bwd_launch.value_block), the second masked."""
     run("float32", B, T, 1, 2, 32, 160, cu=cu, seed=7)
+
+
+@pytest.mark.parametrize("qk_in", [True, False])
+def test_walks_on_rebuilt_w_u(qk_in):
+    """The walks' other forms (``FROM_A`` off: ``w, u`` rebuilt by
+    ``recompute_w_u``; ``QK_IN`` off: the reverse walk forms ``q k^T``),
+    packed with a partial chunk."""
+    run("float32", 1, 150, 1, 2, 32, 16, cu=[0, 1, 70, 150], seed=8, qk_in=qk_in, from_A=False)
+
+
+def test_reverse_walk_forming_qk():
+    """``QK_IN`` off with ``FROM_A`` on (the walks read ``A``)."""
+    run("float32", 2, 100, 1, 2, 32, 16, seed=9, qk_in=False)
