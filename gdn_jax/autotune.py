@@ -61,6 +61,12 @@ UNTUNED = {
     "wy_bwd": dict(num_warps=8, num_stages=2),
     "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
 }
+# ... for float32 inputs, where a kernel's fixed config above asks more shared
+# memory than an sm_90 program has (the reverse walk at BV=32 reading A and
+# chunk_qk's block: 238340 bytes on triton 3.6, past 232448) ...
+UNTUNED_FLOAT32 = {
+    "chunk_bwd_walk": dict(BV=16, num_warps=4, num_stages=2),
+}
 # ... and where many programs run (a launch's ``("programs", N * H bucket)``
 # tune key at or past the first number; not float32, whose tiles at BV=64 ask
 # 246276 bytes of shared memory): the walk's pick at B=8 T=4096 and
@@ -88,8 +94,9 @@ def fixed_config_overrides() -> dict:
 def untuned(name: str, operands=(), programs: int | None = None) -> dict:
     """The fixed config of kernel ``name`` for a launch of ``operands``:
     :data:`UNTUNED_MANY_PROGRAMS` where it has one, the launch's ``programs``
-    bucket reaches it and not every float operand is float32, else
-    :data:`UNTUNED`;
+    bucket reaches it and not every float operand is float32;
+    :data:`UNTUNED_FLOAT32` where it has one and every float operand is
+    float32; else :data:`UNTUNED`;
     ``GDN_JAX_FIXED_CONFIGS`` (JSON, ``{name: config kwargs}``) replaces
     them, to time one config against another."""
     override = fixed_config_overrides().get(name)
@@ -100,6 +107,8 @@ def untuned(name: str, operands=(), programs: int | None = None) -> dict:
     if name in UNTUNED_MANY_PROGRAMS and programs is not None and not float32 \
             and programs >= UNTUNED_MANY_PROGRAMS[name][0]:
         return dict(UNTUNED_MANY_PROGRAMS[name][1])
+    if float32 and name in UNTUNED_FLOAT32:
+        return dict(UNTUNED_FLOAT32[name])
     return UNTUNED[name]
 
 _CHOSEN: dict = {}  # (kernel name, constexprs, dtypes, device kind) -> config kwargs

@@ -213,6 +213,9 @@ def test_fixed_configs_by_dtype_programs_and_environment(monkeypatch):
     assert many == autotune.UNTUNED_MANY_PROGRAMS["chunk_fwd"][1] != autotune.UNTUNED["chunk_fwd"]
     # float32 keeps the narrow V block at any width (BV=64 does not fit shared memory)
     assert autotune.untuned("chunk_fwd", (f32,), programs=256) == autotune.UNTUNED["chunk_fwd"]
+    # float32's own fixed config where the common one asks too much shared memory
+    assert autotune.untuned("chunk_bwd_walk", (f32,)) == autotune.UNTUNED_FLOAT32["chunk_bwd_walk"] \
+        != autotune.untuned("chunk_bwd_walk", (bf16, f32)) == autotune.UNTUNED["chunk_bwd_walk"]
     monkeypatch.setenv("GDN_JAX_FIXED_CONFIGS", '{"chunk_fwd": {"BV": 16, "num_warps": 8}}')
     assert autotune.untuned("chunk_fwd", (bf16,), programs=256) == {"BV": 16, "num_warps": 8}
     assert autotune.untuned("wy_bwd", (bf16,)) == autotune.UNTUNED["wy_bwd"]
