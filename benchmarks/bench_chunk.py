@@ -43,7 +43,6 @@ import json
 import os
 import pathlib
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
@@ -54,7 +53,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
-from bench_fwd_intra import copy_bandwidth, jax_dispatch_ms, timed_in_turn, wall_median  # noqa: E402
+from bench_fwd_intra import (copy_bandwidth, jax_dispatch_ms, timed_in_turn, torch_triton_cache,  # noqa: E402
+                             wall_median)
 from gdn_jax.chunk_jnp import chunk_local_cumsum  # noqa: E402
 from gdn_jax.sharding import fwd_intra_sharded  # noqa: E402
 
@@ -169,8 +169,7 @@ def bench_backward(name, B, T, Hg, H, K, V, lens, with_reference):
         import torch
 
         fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # fla's Hopper guard off: timing only (module docstring)
-        if not os.environ.get("TRITON_CACHE_DIR"):
-            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
+        torch_triton_cache()
         leaves = [torch.from_dlpack(x).clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
         tdo, tdht = torch.from_dlpack(do), torch.from_dlpack(dht)
         tcu = None if cu is None else torch.from_dlpack(cu).long()
@@ -235,8 +234,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
     if fla is not None:
         import torch
 
-        if not os.environ.get("TRITON_CACHE_DIR"):  # jax-triton 0.3 clears it on import
-            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
+        torch_triton_cache()
         tq, tk, tv, tg, tb, th0 = (torch.from_dlpack(x) for x in (q, k, v, g, beta, h0))
         tcu = None if cu is None else torch.from_dlpack(cu).long()
 

@@ -37,11 +37,10 @@ import os
 import pathlib
 import re
 import sys
-import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_fwd_intra import (copy_bandwidth, jax_dispatch_ms, markdown_table,  # noqa: E402
+from bench_fwd_intra import (copy_bandwidth, jax_dispatch_ms, markdown_table, torch_triton_cache,  # noqa: E402
                              timed_in_turn, wall_median)
 
 import jax  # noqa: E402
@@ -261,9 +260,7 @@ def main():
         return
     if not gdn_jax.backend.cuda_available():
         sys.exit("bench_decode.py times the GPU path: it needs an NVIDIA GPU as JAX's default backend")
-    # jax-triton 0.3.1 sets TRITON_CACHE_DIR="" on import, which breaks torch-launched kernels.
-    if not os.environ.get("TRITON_CACHE_DIR"):
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
+    torch_triton_cache()
     fla = None if args.no_fla else fla_function()
     bw = copy_bandwidth()
     versions = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,

@@ -33,6 +33,19 @@ import tempfile
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
+# Triton's cache as the caller set it, before jax-triton's import deletes it
+_TRITON_CACHE_DIR = os.environ.get("TRITON_CACHE_DIR")
+
+
+def torch_triton_cache():
+    """Call before launching Triton kernels from torch in a process that
+    imported jax-triton, which deletes ``TRITON_CACHE_DIR`` (0.3.1 sets it
+    empty), breaking torch-launched kernels: puts back the directory the
+    caller set, so that compiles and the autotuner's saved results (fla's
+    ``cache_results``, ``scripts/device_run.sh save-autotune``) land there,
+    else a new temporary one."""
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        os.environ["TRITON_CACHE_DIR"] = _TRITON_CACHE_DIR or tempfile.mkdtemp(prefix="triton_cache")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -555,10 +568,7 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, with_torch, with_reference, v
         from gdn_jax.kernels.recompute_w_u import recompute_w_u_fwd_kernel
         from gdn_jax.torch_launch import fwd_intra_torch
 
-        # jax-triton 0.3.1 sets TRITON_CACHE_DIR="" on import, which breaks
-        # torch-launched Triton kernels in the same process.
-        if not os.environ.get("TRITON_CACHE_DIR"):
-            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
+        torch_triton_cache()
 
         tk, tv, tg, tb = torch_inputs((k, v, g, beta))
         tcu = None if cu is None else torch.from_dlpack(cu)

@@ -94,7 +94,8 @@ def main():
         kernels = {n: t for n, t in torch_kernel_ms(run, 5).items() if n.startswith(("gdn_", "recompute"))}
         rows.append(dict(spec=spec or "fixed", ms=ms, rel_diff=diff, kernels=kernels))
         print(json.dumps(rows[-1]), flush=True)
-        pathlib.Path(a.out, "chunk_bwd_probe.json").write_text(json.dumps(rows, indent=1))  # each row: a cut run keeps them
+        # after each row: a run cut short keeps what it measured
+        pathlib.Path(a.out, "chunk_bwd_probe.json").write_text(json.dumps(rows, indent=1))
     names = sorted({n for r in rows for n in r.get("kernels", {})})
     print(f"\n{a.shape}, ms\n| configs | backward | " + " | ".join(names) + " | rel diff |")
     print("| --- " * (len(names) + 3) + "|")

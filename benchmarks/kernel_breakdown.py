@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
 from bench_chunk import SHAPES, fla_forward, make_inputs, progress  # noqa: E402
+from bench_fwd_intra import torch_triton_cache  # noqa: E402
 
 # Lines of the GPU plane that repeat the kernels' time under another grouping.
 AGGREGATE_LINES = ("XLA Modules", "XLA Ops", "TensorFlow", "Source", "Steps", "Launch")
@@ -107,8 +108,7 @@ def steps(B, T, Hg, H, K, V, lens, with_fla=True):
     import torch
 
     fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # fla's Hopper guard off: timing only (bench_chunk)
-    if not os.environ.get("TRITON_CACHE_DIR"):
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_cache")
+    torch_triton_cache()
     leaves = [torch.from_dlpack(x).clone().requires_grad_() for x in args]
     tdo, tdht = torch.from_dlpack(do), torch.from_dlpack(dht)
     tcu = None if cu is None else torch.from_dlpack(cu).long()

@@ -18,7 +18,9 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TRITON_CACHE_DIR=/
   GDN_JAX_CACHE_DIR=/tmp/gdn_jax_cache
 python3 -m pip install -q --no-index --no-deps --target /tmp/jt$JT .whl/jt$JT/*.whl || exit 1
 # Triton's autotuner results of an earlier machine (phase save-autotune; carry
-# .triton_autotune.tgz): fla's kernels (cache_results) then compile their
+# .triton_autotune.tgz; the benchmarks put TRITON_CACHE_DIR back after
+# jax-triton's import deletes it, bench_fwd_intra.torch_triton_cache):
+# fla's kernels (cache_results) then compile their
 # chosen configs only instead of timing every config (130 to 190 s a new kind
 # of shape), where the image's triton and the kernels' sources match.
 [ -f .triton_autotune.tgz ] && mkdir -p "$TRITON_CACHE_DIR" && tar -xzf .triton_autotune.tgz -C "$TRITON_CACHE_DIR"
