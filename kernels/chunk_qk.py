@@ -31,6 +31,33 @@ from .safe_exp import causal_decay
 from .tiles import program_chunk
 
 
+@triton.jit
+def chunk_qk_product(q, k, rows, m_t, i_hk, Hg: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``[BT, BT]`` float32 ``q k^T`` of key head ``i_hk`` over the chunk's
+    ``rows`` (64-bit, from the tensors' first row; zeros where ``m_t`` is False)."""
+    NK: tl.constexpr = (K + BK - 1) // BK  # constexpr arithmetic: triton 3.6's tl.cdiv is not
+    b_a = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        offsets = (rows * Hg + i_hk)[:, None] * K + o_k[None, :]
+        b_q = tl.load(q + offsets, mask=m_tk, other=0)
+        b_k = tl.load(k + offsets, mask=m_tk, other=0)
+        b_a += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+    return b_a
+
+
+@triton.jit
+def store_gated_qk(Aqk, b_a, gc, rows, m_t, i_h, H: tl.constexpr, BT: tl.constexpr):
+    """``b_a`` gated by value head ``i_h``'s ``exp(gc_i - gc_j)``, ``j <= i``,
+    stored as that head's rows of ``Aqk`` (rows past the end not written)."""
+    o_t = tl.arange(0, BT)
+    b_g = tl.load(gc + rows * H + i_h, mask=m_t, other=0).to(tl.float32)
+    tl.store(Aqk + (rows * H + i_h)[:, None] * BT + o_t[None, :],
+             (b_a * causal_decay(b_g, m_t, BT)).to(Aqk.dtype.element_ty), mask=m_t[:, None])
+
+
 @triton.autotune(
     configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [2, 4, 8]],
     key=["H", "Hg", "K", "BK"],
@@ -58,17 +85,6 @@ def gdn_chunk_qk_kernel(
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t  # 64-bit: bos is
     m_t = i_t * BT + o_t < T
-    NK: tl.constexpr = (K + BK - 1) // BK  # constexpr arithmetic: triton 3.6's tl.cdiv is not
-    b_a = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(NK):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = m_t[:, None] & (o_k < K)[None, :]
-        offsets = (rows * Hg + i_hk)[:, None] * K + o_k[None, :]
-        b_q = tl.load(q + offsets, mask=m_tk, other=0)
-        b_k = tl.load(k + offsets, mask=m_tk, other=0)
-        b_a += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+    b_a = chunk_qk_product(q, k, rows, m_t, i_hk, Hg, K, BT, BK, DOT_PRECISION)
     for i_r in tl.static_range(H // Hg):  # the value heads that read key head i_hk
-        i_h = i_hk * (H // Hg) + i_r
-        b_g = tl.load(gc + rows * H + i_h, mask=m_t, other=0).to(tl.float32)
-        tl.store(Aqk + (rows * H + i_h)[:, None] * BT + o_t[None, :],
-                 (b_a * causal_decay(b_g, m_t, BT)).to(Aqk.dtype.element_ty), mask=m_t[:, None])
+        store_gated_qk(Aqk, b_a, gc, rows, m_t, i_hk * (H // Hg) + i_r, H, BT)
