@@ -5,7 +5,8 @@ config's output; ``--forms wu,A``: the walk on ``fwd_intra``'s ``w, u``, and
 the walk forming ``v'`` from ``A``, ``v`` and ``beta`` (``FROM_A``), on the
 split path's outputs; rows ``fwd_intra <path>`` time what each form needs
 before it (``w, u, A`` by the Gluon kernel or the split path; ``A`` alone,
-and ``chunk_qk``, the output's block, which the from-A walk reads).
+and ``chunk_qk``, the output's block, which the from-A walk reads, and the
+experiment writing that block beside ``A`` in the A kernel).
 ``wu-state``, ``A-state``: the same walks without the output (``WRITE_O``
 off: the state chain alone, what bounds a walk whose output is computed
 elsewhere).
@@ -34,7 +35,7 @@ def main():
 
     from gdn_jax.chunk_launch import chunk_fwd_constexprs, chunk_fwd_grid
     from gdn_jax.kernels.chunk_fwd import gdn_chunk_fwd_kernel
-    from gdn_jax.torch_launch import chunk_qk_torch, fwd_intra_torch
+    from gdn_jax.torch_launch import chunk_qk_torch, fwd_intra_A_qk_torch, fwd_intra_torch
 
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="headline,T32768")
@@ -78,6 +79,17 @@ def main():
                 diff = (chunk_qk_torch(q, k, gc, config=config).float() - qk_ref).abs().max().item()
                 rows.append(dict(shape=name, kernel="chunk_qk", BV=0, warps=warps, stages=2, ms=ms,
                                  rel_diff=diff / qk_ref.abs().max().item()))
+                print(json.dumps(rows[-1]), flush=True)
+            # the experiment: A and the block from one kernel, against "fwd_intra A" + chunk_qk above
+            # (rel_diff: the larger of the two outputs' against the split's A and the fixed block)
+            for BK, warps in ((32, 1), (64, 2), (32, 4), (64, 4)):
+                config = dict(BK=BK, num_warps=warps)
+                run = lambda: fwd_intra_A_qk_torch(q, k, gc, beta, config=config)  # noqa: E731
+                ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+                diff = max(((x.float() - r.float()).abs().max() / r.float().abs().max()).item()
+                           for x, r in zip(run(), (A, Aqk)))
+                rows.append(dict(shape=name, kernel=f"A + chunk_qk, one kernel (BK={BK})", BV=0, warps=warps,
+                                 stages=3, ms=ms, rel_diff=diff))
                 print(json.dumps(rows[-1]), flush=True)
         dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
         cx = chunk_fwd_constexprs(Hg, H, K, V, True, True, False, False, "tf32")

@@ -31,6 +31,7 @@ jax-triton: inputs, the scalar ``T``, the outputs ``w, u, A``, the constexprs.
 import triton
 import triton.language as tl
 
+from .chunk_qk import chunk_qk_product, store_gated_qk
 from .safe_exp import LOG2E, safe_exp2
 from .tiles import at_head, load_rows, load_tile, program_chunk, store_tile, store_w_u
 from .unit_lower import block_dot, unit_lower_inverse_by_halving
@@ -256,18 +257,15 @@ def gdn_fwd_intra_fused_kernel(
     store_w_u(A, k, v, g, beta, w, u, bos, i_h, T, i_tc0, H, Hg, K, V, BT, BK, BV, USE_G,
               DOT_PRECISION)
 
+# The A kernels' configs (below): K blocks of the k k^T pass and warps
+A_CONFIGS = [triton.Config({"BK": BK}, num_warps=num_warps) for BK in [32, 64] for num_warps in [1, 2, 4]]
+
+
 # The A part alone, on the same head-fastest grid: with recompute_w_u.py after
 # it, the split path (``impl="split"``), where each kernel runs at its own best
 # occupancy: the A builder at 1 warp, w/u at 4 (0.548 ms at the headline shape
 # against the seed's 0.661 and the one kernel's 0.697, H200, torch do_bench).
-@triton.autotune(
-    configs=[
-        triton.Config({"BK": BK}, num_warps=num_warps)
-        for BK in [32, 64]
-        for num_warps in [1, 2, 4]
-    ],
-    key=["H", "Hg", "K", "BC"],
-)
+@triton.autotune(configs=A_CONFIGS, key=["H", "Hg", "K", "BC"])
 @triton.jit(do_not_specialize=["T"])
 def gdn_fwd_intra_A_kernel(
     k,
@@ -291,3 +289,43 @@ def gdn_fwd_intra_A_kernel(
     if i_t * BT >= T:
         return
     store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+
+
+# The A kernel with the output's attention block of kernels/chunk_qk.py
+# written beside A (per value head, after A, whose registers are free by
+# then): the block's q k^T reads k again from L1/L2 instead of in a second
+# launch, for the walk from A (``kernels/chunk_fwd.py``, ``FROM_A``). An
+# experiment against the A kernel and chunk_qk in turn
+# (``benchmarks/chunk_fwd_probe.py``); the package does not launch it.
+@triton.autotune(configs=A_CONFIGS, key=["H", "Hg", "K", "BC"])
+@triton.jit(do_not_specialize=["T"])
+def gdn_fwd_intra_A_qk_kernel(
+    q,
+    k,
+    g,
+    beta,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    A,
+    Aqk,
+    H: tl.constexpr,
+    Hg: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    USE_G: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tl.static_assert(USE_G, "the output block is gated: g is needed")
+    i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
+    if i_t * BT >= T:
+        return
+    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    o_t = tl.arange(0, BT)
+    rows = bos + i_t * BT + o_t  # 64-bit: bos is
+    m_t = i_t * BT + o_t < T
+    b_a = chunk_qk_product(q, k, rows, m_t, i_h // (H // Hg), Hg, K, BT, BK, DOT_PRECISION)
+    store_gated_qk(Aqk, b_a, g, rows, m_t, i_h, H, BT)

@@ -2,8 +2,10 @@
 its definition in float64: per chunk and value head ``Aqk[i, j] = (q_i . k_j)
 exp(gc_i - gc_j)`` for ``j <= i``, zeros elsewhere, laid out as ``A``. The
 walk's tests (tests/test_chunk_fwd_kernel.py) check the output it feeds;
-these check the block itself, row by row. float32 and float16 (the
-interpreter cannot multiply bfloat16)."""
+these check the block itself, row by row; and the experiment that writes it
+beside ``A`` in the A kernel (``kernels/fused_intra.py``,
+``gdn_fwd_intra_A_qk_kernel``), both outputs against float64. float32 and
+float16 (the interpreter cannot multiply bfloat16)."""
 import os
 
 import jax
@@ -15,8 +17,9 @@ if jax.default_backend() != "cpu":
     pytest.skip("interpreter tests run where JAX has no GPU (CI)", allow_module_level=True)
 assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
 
-from gdn_jax.torch_launch import chunk_qk_torch  # noqa: E402
+from gdn_jax.torch_launch import chunk_qk_torch, fwd_intra_A_qk_torch  # noqa: E402
 from inputs import chunk_local_cumsum  # noqa: E402
+from numpy_reference import INTRA_TOL, a_support, fwd_intra_numpy, max_rel_err  # noqa: E402
 
 TORCH = {"float32": torch.float32, "float16": torch.float16}
 TOL = {"float32": 1e-5, "float16": 2e-3}
@@ -41,7 +44,8 @@ def qk_reference(q, k, gc, starts, T):
     return out
 
 
-def run(dtype, B, T, Hg, H, K, cu=None, seed=0, config=None):
+def run(dtype, B, T, Hg, H, K, cu=None, seed=0, config=None, with_A=False):
+    """``with_A``: the A kernel writing the block beside ``A`` (``beta`` drawn too)."""
     rng = np.random.default_rng(seed)
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
     q, k = (unit(rng.standard_normal((B, T, Hg, K))) for _ in range(2))
@@ -51,8 +55,18 @@ def run(dtype, B, T, Hg, H, K, cu=None, seed=0, config=None):
     td = TORCH[dtype]
     t = lambda x, d=td: torch.from_numpy(np.ascontiguousarray(x)).to(d)  # noqa: E731
     cut = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    out = chunk_qk_torch(t(q), t(k), t(gc, torch.float32), cut, autotune=False, dot_precision="ieee",
-                         config=config)
+    if with_A:
+        beta = 1 / (1 + np.exp(-rng.standard_normal((B, T, H))))
+        A, out = fwd_intra_A_qk_torch(t(q), t(k), t(gc, torch.float32), t(beta, torch.float32), cut,
+                                      autotune=False, dot_precision="ieee", config=config)
+        v = np.ones((B, T, H, 1))  # fwd_intra_numpy's u, w are not compared
+        A_ref = fwd_intra_numpy(t(k).double().numpy(), v, gc, beta, cu)[2]
+        assert max_rel_err(A.double().numpy(), A_ref, B, T, cu) <= INTRA_TOL[dtype]["A"]
+        off = ~a_support(B, T, cu)[:, :, None, :]
+        assert (np.broadcast_to(off, A.shape) <= (A.double().numpy() == 0)).all(), "A off its support"
+    else:
+        out = chunk_qk_torch(t(q), t(k), t(gc, torch.float32), cut, autotune=False, dot_precision="ieee",
+                             config=config)
     assert out.dtype == td and out.shape == (B, T, H, 64)
     got = out.double().numpy()
     ref = qk_reference(*(t(x).double().numpy() for x in (q, k)), gc, starts, T)
@@ -82,3 +96,19 @@ def test_head_dims(K):
 def test_every_autotune_config(num_warps):
     run("float32", 1, 130, 1, 2, 32, cu=np.array([0, 5, 130], np.int32), seed=7,
         config=dict(num_warps=num_warps, num_stages=2))
+
+
+@pytest.mark.parametrize("dtype", list(TORCH))
+@pytest.mark.parametrize("B,T,Hg,H,cu", [(2, 130, 2, 4, None), (1, 63, 1, 8, None),
+                                         (1, 200, 2, 4, np.array([0, 0, 1, 70, 70, 200], np.int32))])
+def test_beside_A(dtype, B, T, Hg, H, cu):
+    """The block and ``A`` from the A kernel's experiment, fixed and packed
+    (empty and one-row sequences), GQA 2 and 8, T not a multiple of 64."""
+    run(dtype, B, T, Hg, H, 32, cu=cu, seed=T + H, with_A=True)
+
+
+@pytest.mark.parametrize("BK,num_warps", [(32, 1), (64, 2)])
+def test_beside_A_configs(BK, num_warps):
+    """K = 96 (a masked tail) at the configs that compile without spills (docs/performance.md)."""
+    run("float32", 1, 130, 1, 2, 96, cu=np.array([0, 5, 130], np.int32), seed=11, with_A=True,
+        config=dict(BK=BK, num_warps=num_warps))
