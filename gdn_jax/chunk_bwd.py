@@ -35,11 +35,13 @@ class BwdStatic(NamedTuple):
     use_dht: bool
     varlen: bool
     ratio: int
+    qk_in: bool = False  # the forward's output block given (Triton only), else recomputed
 
 
 def _layout(static: BwdStatic) -> Layout:
-    """``q, k, v, gc, beta, A, [h0], do, [dht], [cu, ci] -> dq, dk, dv, dgc, dbeta, dh0``."""
-    operands = ("btgk", "btgk", "bthv", "bth", "bth", "btha") + (("nhkv",) if static.use_h0 else ()) \
+    """``q, k, v, gc, beta, A, [qk], [h0], do, [dht], [cu, ci] -> dq, dk, dv, dgc, dbeta, dh0``."""
+    operands = ("btgk", "btgk", "bthv", "bth", "bth", "btha") + (("btha",) if static.qk_in else ()) \
+        + (("nhkv",) if static.use_h0 else ()) \
         + ("bthv",) + (("nhkv",) if static.use_dht else ()) + (("s", "ij") if static.varlen else ())
     return Layout(operands, ("btgk", "btgk", "bthv", "bth", "bth", "nhkv"), static.varlen, static.ratio)
 
@@ -48,17 +50,18 @@ def _split(static: BwdStatic, arrays):
     arrays = list(arrays)
     q, k, v, gc, beta, A = arrays[:6]
     rest = arrays[6:]
+    qk = rest.pop(0) if static.qk_in else None
     h0 = rest.pop(0) if static.use_h0 else None
     do = rest.pop(0)
     dht = rest.pop(0) if static.use_dht else None
     cu, ci = rest if static.varlen else (None, None)
-    return q, k, v, gc, beta, A, h0, do, dht, cu, ci
+    return q, k, v, gc, beta, A, qk, h0, do, dht, cu, ci
 
 
 def _per_device(static: BwdStatic, *arrays):
     if static.triton:
         return _triton_op(static)(*arrays)
-    q, k, v, gc, beta, A, h0, do, dht, cu, ci = _split(static, arrays)
+    q, k, v, gc, beta, A, _, h0, do, dht, cu, ci = _split(static, arrays)  # jnp forms its own q k^T
     return chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale)
 
 
@@ -67,8 +70,8 @@ def _triton_op(static: BwdStatic):
     layout = _layout(static)
 
     def bwd(*arrays):
-        q, k, v, gc, beta, A, h0, do, dht, cu, ci = _split(static, arrays)
-        return chunk_bwd_triton(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale)
+        q, k, v, gc, beta, A, qk, h0, do, dht, cu, ci = _split(static, arrays)
+        return chunk_bwd_triton(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale, qk=qk)
 
     return vmappable(bwd, layout.operands, layout.results)
 
@@ -77,13 +80,14 @@ _partitioned = partitioned(_per_device, _layout)
 
 
 def chunk_bwd(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens, chunk_indices, *,
-              scale, triton):
+              scale, triton, qk=None):
     """``(dq, dk, dv, dgc, dbeta, dh0)``, shapes and dtypes as
     :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp` (K-major states; ``initial_state``
-    and ``dht`` may be None)."""
+    and ``dht`` may be None); ``qk``: the forward's output block
+    (:func:`gdn_jax.chunk_walk.chunk_walk`'s ``return_qk``), or None."""
     static = BwdStatic(bool(triton), float(scale), initial_state is not None, dht is not None,
-                       cu_seqlens is not None, v.shape[2] // q.shape[2])
-    arrays = [x for x in (q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens, chunk_indices)
+                       cu_seqlens is not None, v.shape[2] // q.shape[2], qk is not None)
+    arrays = [x for x in (q, k, v, gc, beta, A, qk, initial_state, do, dht, cu_seqlens, chunk_indices)
               if x is not None]
     return sharded_call(_partitioned, _per_device, static, _layout(static), arrays)
 
@@ -116,23 +120,27 @@ def core_forward(static, q, k, v, a, beta, h0, cu, ci):
     gc = gc if static.impl == "reference" else gc.astype(jnp.float32)
     walk = functools.partial(chunk_walk, scale=static.scale, output_final_state=static.final,
                              state_v_first=static.v_first, triton=static.walk_triton)
+    qk = None
     if static.walk_triton and static.impl == "auto":
         (A,) = fwd_intra_sharded(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl="A")
-        out = walk(q, k, A, v, gc, h0, cu, ci, beta=beta.astype(jnp.float32))
+        # the output block the walk reads, kept for the backward's reverse walk
+        # ([B, T, H, 64], a quarter of v's bytes at V = 128) instead of formed again
+        *out, qk = walk(q, k, A, v, gc, h0, cu, ci, beta=beta.astype(jnp.float32), return_qk=True)
+        out = tuple(out)
     else:
         w, u, A = fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl=static.impl)
         out = walk(q, k, w, u, gc, h0, cu, ci)
-    return out, (q, k, v, gc, beta, A, h0, cu, ci)
+    return out, (q, k, v, gc, beta, A, qk, h0, cu, ci)
 
 
 def _core_bwd(static, residuals, cotangents):
-    q, k, v, gc, beta, A, h0, cu, ci = residuals
+    q, k, v, gc, beta, A, qk, h0, cu, ci = residuals
     do, dht = cotangents
     h0k = state_to_k_major(h0, static.v_first)
     dhtk = None if dht is None else state_to_k_major(dht, static.v_first).astype(jnp.float32)
     dq, dk, dv, dgc, dbeta, dh0 = chunk_bwd(
         q, k, v, gc, beta, A, None if h0k is None else h0k.astype(jnp.float32), do.astype(v.dtype),
-        dhtk, cu, ci, scale=static.scale, triton=static.walk_triton)
+        dhtk, cu, ci, scale=static.scale, triton=static.walk_triton, qk=qk)
     da = chunk_reverse_cumsum(dgc, cu, ci)
     dh0 = None if h0 is None else state_from_k_major(dh0, static.v_first).astype(h0.dtype)
     grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), da.astype(jnp.float32),

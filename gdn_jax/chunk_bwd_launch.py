@@ -1,16 +1,16 @@
 """Launch of the backward kernels through jax-triton: the recompute of the
-chunk states and ``v'`` (the forward's walk from ``A``), the output's
-attention block (``chunk_qk``), the reverse walk, the per-chunk gradients
-and the WY backward (``kernels/chunk_bwd_walk.py``,
+chunk states and ``v'`` (the forward's walk from ``A``), the reverse walk,
+the per-chunk gradients and the WY backward (``kernels/chunk_bwd_walk.py``,
 ``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``), then the sums over K
 blocks and GQA heads in jnp.
 
-What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``) and
-the chunk-local gates; the states entering each chunk and ``v'`` are
-recomputed here (as flash-linear-attention does: the chunk states, ``[B, T /
-64, H, K, V]``, are as large as ``v`` at V = 64 rows). Both walks read ``A``
-in place of ``w = A (beta e k)`` and ``u = A (beta v)``, which are never
-built.
+What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``),
+the output's attention block its walk read (``chunk_qk``, as large; formed
+here where not given) and the chunk-local gates; the states entering each
+chunk and ``v'`` are recomputed here (as flash-linear-attention does: the
+chunk states, ``[B, T / 64, H, K, V]``, are as large as ``v`` at V = 64
+rows). Both walks read ``A`` in place of ``w = A (beta e k)`` and ``u = A
+(beta v)``, which are never built.
 """
 from __future__ import annotations
 
@@ -50,11 +50,13 @@ def partials_in_input_dtype(dtype_name: str) -> bool:
 
 
 def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
-                     chunk_indices=None, *, scale):
+                     chunk_indices=None, *, scale, qk=None):
     """``(dq, dk, dv, dgc, dbeta, dh0)`` of the chunked forward on the GPU,
     arguments and results as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`
     (``initial_state`` and ``dht`` may be None: zeros); ``dq``, ``dk``,
-    ``dv`` in their inputs' dtypes, the rest float32."""
+    ``dv`` in their inputs' dtypes, the rest float32. ``qk``: the forward's
+    output block (:func:`gdn_jax.chunk_launch.chunk_qk_triton` on these ``q,
+    k, gc``), or None (formed here)."""
     check_kernel_dtypes("chunk_gated_delta_rule", q=q, k=k, v=v, do=do)
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
@@ -83,7 +85,8 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     _, _, h, v_new = chunk_walk_triton(k, k, A, v, gc, initial_state, cu_seqlens, offsets, scale=scale,
                                        write_o=False, store_final=False, store_h=True, store_v=True,
                                        beta=beta32, chunk_indices=chunk_indices)
-    qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
+    if qk is None:
+        qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
     from .kernels.wy_bwd import gdn_wy_bwd_kernel

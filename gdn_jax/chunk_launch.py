@@ -105,7 +105,7 @@ def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
 
 def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk_offsets=None, *,
                       scale, write_o=True, store_final=True, store_h=False, store_v=False,
-                      state_v_first=False, beta=None, chunk_indices=None):
+                      state_v_first=False, beta=None, chunk_indices=None, qk=None):
     """``(o, final_state, h, v_new)`` of the chunk walk (``kernels/chunk_fwd.py``),
     each None where not asked for.
 
@@ -119,6 +119,8 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
       beta: ``[B, T, H]`` float32, or None (``w`` and ``u`` given).
       chunk_indices: with ``beta``, ``write_o`` and ``cu_seqlens``, the
         packed batch's chunk list (:func:`gdn_jax.prepare_chunk_indices`).
+      qk: with ``beta`` and ``write_o``, the output's block of
+        :func:`chunk_qk_triton` on these ``q, k, gc``, or None (computed here).
       gc: ``[B, T, H]`` float32 chunk-local cumulative log gates.
       initial_state: ``[N, H, K, V]`` float32 (``[N, H, V, K]`` with
         ``state_v_first``), or None for zeros.
@@ -159,7 +161,10 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
 
     # jax-triton 0.3 takes no None operand: 1-element dummies, flagged unused.
     dummy = jnp.zeros((1,), jnp.int32)
-    qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices) if beta is not None and write_o else dummy
+    if beta is None or not write_o:
+        qk = dummy
+    elif qk is None:
+        qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
     operands = (q, k, w, u, gc, dummy if beta is None else beta, qk,
                 dummy if initial_state is None else initial_state,
                 dummy if cu_seqlens is None else cu_seqlens,
@@ -174,11 +179,21 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
 
 
 def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
-                     output_final_state=True, state_v_first=False, beta=None, chunk_indices=None):
+                     output_final_state=True, state_v_first=False, beta=None, chunk_indices=None,
+                     return_qk=False):
     """``(o, final_state or None)``: :func:`chunk_walk_triton` writing the output
-    (from ``w, u``, or from ``A, v`` with ``beta``)."""
+    (from ``w, u``, or from ``A, v`` with ``beta``); with ``return_qk`` (and
+    ``beta``) ``(o, final_state or None, qk)``, the output's block the walk read
+    (:func:`chunk_qk_triton`, ``[B, T, H, 64]`` in q's dtype), which the
+    backward reads again."""
+    qk = None
+    if return_qk:
+        assert beta is not None, "the output block is the walk from A's"
+        B, T, H = u.shape[:3]
+        qk = (chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices) if B * T * H
+              else jnp.zeros((B, T, H, BT), q.dtype))
     o, final, _, _ = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
                                        store_final=output_final_state,
                                        state_v_first=state_v_first, beta=beta,
-                                       chunk_indices=chunk_indices)
-    return o, final
+                                       chunk_indices=chunk_indices, qk=qk)
+    return (o, final, qk) if return_qk else (o, final)

@@ -209,10 +209,11 @@ def layer_case(head_parallel: bool):
     return run(f, (state, x), (state_rep, put(m, x, "data")))
 
 
-def chunk_grad_gpu_path_case(m):
+def chunk_grad_gpu_path_case(m, impl="triton"):
     """A sharded training step of the GPU path (its custom_vjp), with the
     launches replaced by their jnp references (no GPU here), on a 2 x 2 mesh:
-    the forward ops and the backward op run on the devices' blocks."""
+    the forward ops and the backward op run on the devices' blocks (``impl``
+    "auto": the walk from A, whose output block the backward reads)."""
     from stand_ins import gpu_path_on_this_cpu
 
     gpu_path_on_this_cpu()
@@ -220,7 +221,7 @@ def chunk_grad_gpu_path_case(m):
 
     def step(q, k, v, g, beta, h0):
         def loss(*a):
-            o, f = chunk_gated_delta_rule(*a[:5], initial_state=a[5], output_final_state=True, impl="triton")
+            o, f = chunk_gated_delta_rule(*a[:5], initial_state=a[5], output_final_state=True, impl=impl)
             return jnp.sum(o * o) + jnp.sum(f)
         return jax.grad(loss, argnums=range(6))(q, k, v, g, beta, h0)
 
@@ -257,6 +258,8 @@ def cases():
         "triton_branch": triton_branch_case,
         "chunk_grad_gpu_path_2x2": lambda: chunk_grad_gpu_path_case(mesh((2, 2), ("data", "model"),
                                                                          AxisType.Auto)),
+        "chunk_grad_gpu_path_2x2_from_A": lambda: chunk_grad_gpu_path_case(
+            mesh((2, 2), ("data", "model"), AxisType.Auto), "auto"),
         "layer_data_parallel": lambda: layer_case(False),
         "layer_head_parallel": lambda: layer_case(True),
     }

@@ -67,12 +67,34 @@ def intra_launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path):
     return (A,) if path == "A" else (w, u, A)
 
 
+def qk_block(q, k, gc, cu):
+    """The output's block of ``kernels/chunk_qk.py`` in jnp: ``[B, T, H, 64]``
+    in q's dtype, ``[i, j] = (q_i . k_j) exp(gc_i - gc_j)`` for ``j <= i`` of
+    each chunk, zeros elsewhere."""
+    from gdn_jax.chunk_jnp import chunk_layout
+    from gdn_jax.naive_recurrent import repeat_heads
+
+    B, T, H = gc.shape
+    ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, T)
+    gather, scatter, valid, _ = chunk_layout(B, T, cu, ci)
+    qq, kk = (repeat_heads(gather(x.astype(jnp.float32)), H) for x in (q, k))  # [L, M, BT, H, K]
+    g = gather(gc)  # [L, M, BT, H]
+    causal = jnp.tril(jnp.ones((64, 64), bool)) & valid[..., :, None] & valid[..., None, :]  # [L, M, i, j]
+    diff = g[..., :, :, None] - jnp.swapaxes(g, -1, -2)[..., None, :, :]  # [L, M, i, H, j]
+    a = jnp.einsum("lmihk,lmjhk->lmihj", qq, kk, precision=jax.lax.Precision.HIGHEST)
+    a = jnp.where(causal[..., :, None, :], a * jnp.exp(jnp.where(causal[..., :, None, :], diff, 0)), 0)
+    return scatter(a).astype(q.dtype)
+
+
 def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first, beta=None,
-                chunk_indices=None):
+                chunk_indices=None, return_qk=False):
     """The chunk walk's Triton launch, by the jnp walk. From ``A, v, beta``
     (``beta`` given): ``w, u`` by the jnp ``fwd_intra``, whose ``A`` the
-    launch was given, on the chunk list the launch was given when packed."""
+    launch was given, on the chunk list the launch was given when packed;
+    ``return_qk``: with the output's block (:func:`qk_block`)."""
     from gdn_jax.chunk_jnp import chunk_walk_jnp
+
+    qk = qk_block(q, k, gc, cu) if return_qk else None
 
     if beta is not None:
         assert (cu is None) == (chunk_indices is None), "a packed walk from A takes its chunk list"
@@ -83,14 +105,21 @@ def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_fi
     swap = (lambda x: jnp.swapaxes(x, -1, -2)) if state_v_first else (lambda x: x)  # noqa: E731
     ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
     o, final = chunk_walk_jnp(q, k, w, u, gc, swap(h0), cu, ci, scale=scale)
-    return o, swap(final)
+    return (o, swap(final)) + ((qk,) if return_qk else ())
 
 
-def bwd_launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale):
-    """The backward kernels' launch, by the jnp backward."""
+def bwd_launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale, qk=None):
+    """The backward kernels' launch, by the jnp backward; a given ``qk`` (the
+    forward's block) must be this block's (:func:`qk_block` of these ``q, k,
+    gc``), else every gradient is NaN: a block that reached the backward
+    misplaced (sharding, vmap, residuals) fails the tests."""
     from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp
 
-    return chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=scale)
+    grads = chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=scale)
+    if qk is None:
+        return grads
+    ok = jnp.allclose(qk.astype(jnp.float32), qk_block(q, k, gc, cu).astype(jnp.float32), rtol=1e-2, atol=1e-2)
+    return tuple(jnp.where(ok, x, jnp.nan) for x in grads)
 
 
 def gpu_path_on_this_cpu():

@@ -69,12 +69,13 @@ def test_jnp_path_gradients(B, T, Hg, H, cu):
     check(grads_of(x, cot, cu, "reference"), float64_grads(x, cot, cu), 1e-4)
 
 
+@pytest.mark.parametrize("impl", ["triton", "auto"])  # auto: the walk from A, its block kept for the backward
 @pytest.mark.parametrize("B,T,Hg,H,cu", CASES)
-def test_gpu_path_custom_vjp(gpu_path_as_reference, B, T, Hg, H, cu):
+def test_gpu_path_custom_vjp(gpu_path_as_reference, B, T, Hg, H, cu, impl):
     N = B if cu is None else len(cu) - 1
     x, cot = draw(T + 1, B, T, Hg, H, 16, 8, N)
     cu = None if cu is None else jnp.asarray(cu, jnp.int32)
-    check(grads_of(x, cot, cu, "triton"), float64_grads(x, cot, cu), 1e-4)
+    check(grads_of(x, cot, cu, impl), float64_grads(x, cot, cu), 1e-4)
 
 
 def test_gpu_path_options_and_v_first(gpu_path_as_reference):
@@ -102,13 +103,14 @@ def test_gpu_path_options_and_v_first(gpu_path_as_reference):
     check(grads_of(x, cot, None, "triton", **opts), want, 1e-4)
 
 
-def test_vmap_of_grad_on_the_gpu_path(gpu_path_as_reference):
+@pytest.mark.parametrize("impl", ["triton", "auto"])
+def test_vmap_of_grad_on_the_gpu_path(gpu_path_as_reference, impl):
     draws = [draw(10 + e, 1, 100, 2, 4, 16, 8, 1) for e in range(2)]
     stack = lambda i: jnp.stack([jnp.asarray(d[0][ARGS[i]], jnp.float32) for d in draws])  # noqa: E731
     do = jnp.stack([jnp.asarray(d[1][0], jnp.float32) for d in draws])
 
     def loss(q, k, v, g, beta, h0, do):
-        o, _ = gdn_jax.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, impl="triton")
+        o, _ = gdn_jax.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, impl=impl)
         return jnp.sum(o * do)
     got = jax.vmap(jax.grad(loss, argnums=range(6)))(*(stack(i) for i in range(6)), do)
     for e, (x, cot) in enumerate(draws):
@@ -130,7 +132,7 @@ def test_forward_mode_on_the_gpu_path_names_the_way_out(gpu_path_as_reference):
     jax.jvp(g, (args[0],), (args[0],))  # the jnp path has forward mode
 
 
-@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("impl", ["reference", "triton", "auto"])
 def test_strong_gates_in_a_partial_chunk(gpu_path_as_reference, impl):
     """Gates of -16 softplus per step (Qwen3-Next's A_log reaches log 16): a
     partial chunk's padding rows must not meet exp(0 - gc) (overflow: NaN

@@ -47,6 +47,8 @@ EXPECTED = {
     # dq, dk, dv [B, T, heads, .], dg, dbeta [B, T, H], dh0 [N, H, K, V]
     "chunk_grad_gpu_path_2x2": ([W("data", "model")] * 3 + [["data", None, "model"]] * 2
                                 + [S("data", "model")], ["data", "model"]),
+    "chunk_grad_gpu_path_2x2_from_A": ([W("data", "model")] * 3 + [["data", None, "model"]] * 2
+                                       + [S("data", "model")], ["data", "model"]),
     "layer_data_parallel": ([["data", None, None]], ["data", None]),
 }
 
