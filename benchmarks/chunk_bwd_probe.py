@@ -21,14 +21,16 @@ import argparse
 import json
 import os
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 
-from bench_fwd_intra import SHAPES, make_inputs, torch_inputs
-from kernel_breakdown import torch_kernel_ms
-from gdn_jax.autotune import UNTUNED
-from gdn_jax.torch_launch import chunk_bwd_torch, fwd_intra_torch
+sys.path.insert(0, str(pathlib.Path(__file__).parent))  # as the other benchmarks: run with python -P too
+from bench_fwd_intra import SHAPES, make_inputs, torch_inputs  # noqa: E402
+from kernel_breakdown import torch_kernel_ms  # noqa: E402
+from gdn_jax.autotune import UNTUNED  # noqa: E402
+from gdn_jax.torch_launch import chunk_bwd_torch, fwd_intra_torch  # noqa: E402
 
 CONFIGS = ";".join([
     "",  # the fixed configs
