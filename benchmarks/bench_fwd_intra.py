@@ -323,8 +323,8 @@ def _max_registers(n):
     """The split's A kernel's configs capped at ``n`` registers per thread
     (ptxas ``-maxrregcount``; jax-triton 0.4 passes it as ``backend_options``,
     0.3 cannot)."""
-    config = 'triton.Config({"BK": BK}, num_warps=num_warps'
-    return _replace((f"{config})\n", f"{config}, maxnreg={n})\n"))
+    config = 'triton.Config({"BK": BK}, num_warps=num_warps'  # fused_intra.A_CONFIGS
+    return _replace((f"{config}) for BK", f"{config}, maxnreg={n}) for BK"))
 
 
 # unit_lower.halving_step's two dots
