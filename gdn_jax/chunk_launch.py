@@ -92,6 +92,8 @@ def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
 
     B, T, Hg, K = k.shape
     H = gc.shape[2]
+    if B * T * H == 0:  # no program to launch
+        return jnp.zeros((B, T, H, BT), q.dtype)
     varlen = cu_seqlens is not None
     grid = head_fastest_grid(chunk_indices.shape[0] if varlen else cdiv(T, BT), Hg, B)  # per key head
     check_grid("chunk_gated_delta_rule", grid, ("chunks * key heads (NT * Hg)", "batch rows B"))
@@ -186,12 +188,7 @@ def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, sca
     ``beta``) ``(o, final_state or None, qk)``, the output's block the walk read
     (:func:`chunk_qk_triton`, ``[B, T, H, 64]`` in q's dtype), which the
     backward reads again."""
-    qk = None
-    if return_qk:
-        assert beta is not None, "the output block is the walk from A's"
-        B, T, H = u.shape[:3]
-        qk = (chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices) if B * T * H
-              else jnp.zeros((B, T, H, BT), q.dtype))
+    qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices) if return_qk else None
     o, final, _, _ = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
                                        store_final=output_final_state,
                                        state_v_first=state_v_first, beta=beta,
