@@ -272,12 +272,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         if varlen else dummy
     NT = cdiv(T, 64) if not varlen else len(ci)
     grid = head_fastest_grid(NT, H, B)
-    if from_A:
-        w, beta_w = A, beta.float()
-        _, _, h, vn = chunk_fwd_torch(k, k, A, v, gc, initial_state, cu_seqlens, scale=scale,
-                                      output_final_state=False, write_o=False, store_h=True, store_v=True,
-                                      autotune=False, config=config, dot_precision=dot_precision,
-                                      beta=beta_w)
+    if from_A:  # both walks read A (w's place) with beta; v is u's place
+        w, u, beta_w = A, v, beta.float()
     else:  # w, u from the saved A (the split path's second kernel)
         w = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
         u = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
@@ -285,10 +281,10 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         wu, wu_config = tuned_or_fixed(recompute_w_u_fwd_kernel, "recompute_w_u", False, configs)
         wu[grid](k=k, v=v, beta=beta, g=gc, A=A, cu_seqlens=cu, chunk_indices=ci, w=w, u=u, V=V,
                  **wu_blocks(K, V), **common, **wu_config)
-        beta_w = dummy
-        _, _, h, vn = chunk_fwd_torch(k, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
-                                      output_final_state=False, write_o=False, store_h=True, store_v=True,
-                                      autotune=False, config=config, dot_precision=dot_precision)
+        beta_w = None
+    _, _, h, vn = chunk_fwd_torch(k, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
+                                  output_final_state=False, write_o=False, store_h=True, store_v=True,
+                                  autotune=False, config=config, dot_precision=dot_precision, beta=beta_w)
     qk = chunk_qk_torch(q, k, gc, cu_seqlens, autotune=False, dot_precision=dot_precision,
                         config=(configs or {}).get("chunk_qk")) if qk_in else dummy
     dv_new = torch.empty(B, T, H, V, device=dev, dtype=k.dtype)  # as chunk_bwd_launch: read rounded to k's dtype
@@ -299,7 +295,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
 
     BK = _pow2(K)
     walk[chunk_fwd_grid(N, H, V, walk_config["BV"])](
-        q, k, w, beta_w, gc, do, qk, dummy if dht is None else dht.float(), cu, offsets, float(scale), T,
+        q, k, w, dummy if beta_w is None else beta_w, gc, do, qk, dummy if dht is None else dht.float(), cu,
+        offsets, float(scale), T,
         dv_new, dh, dh0, H=H, Hg=Hg, K=K, V=V, BT=64, BK=BK, USE_DHT=dht is not None,
         IS_VARLEN=varlen, DOT_PRECISION=dot_precision, QK_IN=qk_in, FROM_A=from_A, **walk_config)
     BKl = min(64, BK)
