@@ -48,7 +48,8 @@ from .chunk_indices import chunk_offsets, padding_row, prepare_chunk_indices
 # backward's per-chunk kernel at 4 warps (1.36 ms at B=8 T=4096 against 2.18
 # at 8, though it spills there, docs/triton_versions.md; float32 at 8 warps
 # asks 233472 bytes of shared memory of triton 3.6, past the H200's 232448),
-# the WY kernel at 8 (4: slower, docs/performance.md).
+# the WY kernel at 4 (1.04 ms against 1.57 at 8, though it spills 300 bytes
+# there, docs/performance.md).
 UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
     "recompute_w_u": dict(num_warps=8, num_stages=3),
@@ -58,7 +59,7 @@ UNTUNED = {
     "chunk_qk": dict(num_warps=2, num_stages=2),
     "chunk_bwd_walk": dict(BV=32, num_warps=4, num_stages=2),
     "chunk_bwd_local": dict(num_warps=4, num_stages=2),
-    "wy_bwd": dict(num_warps=8, num_stages=2),
+    "wy_bwd": dict(num_warps=4, num_stages=2),
     "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
 }
 # ... for float32 inputs, where a kernel's fixed config above asks more shared
