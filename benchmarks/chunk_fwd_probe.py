@@ -9,7 +9,9 @@ and ``chunk_qk``, the output's block, which the from-A walk reads, and the
 experiment writing that block beside ``A`` in the A kernel).
 ``wu-state``, ``A-state``: the same walks without the output (``WRITE_O``
 off: the state chain alone, what bounds a walk whose output is computed
-elsewhere).
+elsewhere); ``A-save``: the walk from ``A`` writing the output and also the
+chunk states and ``v'`` (``STORE_H``, ``STORE_V``: what a forward that keeps
+them for the backward runs).
 
     python benchmarks/chunk_fwd_probe.py [--shapes headline,T32768] [--configs BV:T:warps:stages,...]
                                          [--forms wu,A] [--out DIR]
@@ -42,7 +44,7 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--configs", default="", help="BV:TRANSPOSED:warps:stages,... (default: CONFIGS)")
     p.add_argument("--forms", default="wu", help="wu (w, u in), A (A, v, beta in), wu-state, A-state "
-                   "(without the output), comma-separated")
+                   "(without the output), A-save (A, storing the chunk states and v'), comma-separated")
     a = p.parse_args()
     configs = [tuple(map(int, c.split(":"))) for c in a.configs.split(",") if c] or CONFIGS
     rows = []
@@ -95,18 +97,20 @@ def main():
         cx = chunk_fwd_constexprs(Hg, H, K, V, True, True, False, False, "tf32")
         kernel = gdn_chunk_fwd_kernel.fn
         for form, (BV, tr, warps, stages) in [(f, c) for f in forms for c in configs]:
-            from_a, write_o = form.startswith("A"), not form.endswith("-state")
+            from_a, write_o, save = form.startswith("A"), not form.endswith("-state"), form.endswith("-save")
             kernel_name = ("transposed" if tr else "rows") + (", from A" if from_a else "") + \
-                ("" if write_o else ", state only")
+                ("" if write_o else ", state only") + (", storing h and v'" if save else "")
             x, y, b, qk = (A, v, beta, Aqk) if from_a else (w, u, dummy, dummy)
             o = torch.empty(B, T, H, V, device="cuda", dtype=torch.bfloat16)
             ht = torch.empty(B, H, K, V, device="cuda")
+            h = torch.empty(B * (T // 64), H, K, V, device="cuda", dtype=torch.bfloat16) if save else dummy
+            v_new = torch.empty(B, T, H, V, device="cuda", dtype=torch.bfloat16) if save else dummy
 
             def run():
                 kernel[chunk_fwd_grid(B, H, V, BV)](q, k, x, y, gc, b, qk, h0, dummy, dummy, K ** -0.5, T,
-                                                    o, ht, dummy, dummy, **cx, BV=BV, TRANSPOSED=bool(tr),
-                                                    FROM_A=from_a, WRITE_O=write_o, num_warps=warps,
-                                                    num_stages=stages)
+                                                    o, ht, h, v_new, **cx, BV=BV, TRANSPOSED=bool(tr),
+                                                    FROM_A=from_a, WRITE_O=write_o, STORE_H=save, STORE_V=save,
+                                                    num_warps=warps, num_stages=stages)
             try:
                 run()
                 torch.cuda.synchronize()

@@ -6,11 +6,12 @@ blocks and GQA heads in jnp.
 
 What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``),
 the output's attention block its walk read (``chunk_qk``, as large; formed
-here where not given) and the chunk-local gates; the states entering each
-chunk and ``v'`` are recomputed here (as flash-linear-attention does: the
-chunk states, ``[B, T / 64, H, K, V]``, are as large as ``v`` at V = 64
-rows). Both walks read ``A`` in place of ``w = A (beta e k)`` and ``u = A
-(beta v)``, which are never built.
+here where not given), the chunk-local gates and, for fixed-length batches,
+the states entering each chunk (``[B, T / 64, H, K, V]``, as large as ``v``
+at V = 64) and ``v'``, which its walk stores beside the output; where not
+given (packed batches) they are recomputed here by the same walk without
+the output, as flash-linear-attention does. Both walks read ``A`` in place
+of ``w = A (beta e k)`` and ``u = A (beta v)``, which are never built.
 """
 from __future__ import annotations
 
@@ -50,13 +51,16 @@ def partials_in_input_dtype(dtype_name: str) -> bool:
 
 
 def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
-                     chunk_indices=None, *, scale, qk=None):
+                     chunk_indices=None, *, scale, qk=None, h=None, v_new=None):
     """``(dq, dk, dv, dgc, dbeta, dh0)`` of the chunked forward on the GPU,
     arguments and results as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`
     (``initial_state`` and ``dht`` may be None: zeros); ``dq``, ``dk``,
     ``dv`` in their inputs' dtypes, the rest float32. ``qk``: the forward's
     output block (:func:`gdn_jax.chunk_launch.chunk_qk_triton` on these ``q,
-    k, gc``), or None (formed here)."""
+    k, gc``), or None (formed here); ``h, v_new``: the forward's chunk states
+    ``[B, cdiv(T, 64), H, K, V]`` and ``v' [B, T, H, V]`` in k's dtype
+    (:func:`gdn_jax.chunk_launch.chunk_fwd_triton`'s ``return_states``, fixed
+    length), or None (recomputed here)."""
     check_kernel_dtypes("chunk_gated_delta_rule", q=q, k=k, v=v, do=do)
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
@@ -82,9 +86,13 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     prec = dot_precision()
 
     beta32 = beta.astype(f32)
-    _, _, h, v_new = chunk_walk_triton(k, k, A, v, gc, initial_state, cu_seqlens, offsets, scale=scale,
-                                       write_o=False, store_final=False, store_h=True, store_v=True,
-                                       beta=beta32, chunk_indices=chunk_indices)
+    if h is None:
+        _, _, h, v_new = chunk_walk_triton(k, k, A, v, gc, initial_state, cu_seqlens, offsets, scale=scale,
+                                           write_o=False, store_final=False, store_h=True, store_v=True,
+                                           beta=beta32, chunk_indices=chunk_indices)
+    else:
+        assert not varlen, "a packed batch's chunk states are recomputed"
+        h = h.reshape((B * NT,) + h.shape[2:])
     if qk is None:
         qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel

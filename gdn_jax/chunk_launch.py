@@ -182,15 +182,22 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
 
 def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
                      output_final_state=True, state_v_first=False, beta=None, chunk_indices=None,
-                     return_qk=False):
+                     return_qk=False, return_states=False):
     """``(o, final_state or None)``: :func:`chunk_walk_triton` writing the output
     (from ``w, u``, or from ``A, v`` with ``beta``); with ``return_qk`` (and
-    ``beta``) ``(o, final_state or None, qk)``, the output's block the walk read
-    (:func:`chunk_qk_triton`, ``[B, T, H, 64]`` in q's dtype), which the
-    backward reads again."""
+    ``beta``) ``qk`` after them, the output's block the walk read
+    (:func:`chunk_qk_triton`, ``[B, T, H, 64]`` in q's dtype); with
+    ``return_states`` (fixed length) ``h, v_new`` last, the state entering
+    every chunk ``[B, cdiv(T, 64), H, K, V]`` and ``v' [B, T, H, V]``, in u's
+    dtype. The backward reads both again."""
+    assert not (return_states and cu_seqlens is not None), "packed batches' states are recomputed"
     qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices) if return_qk else None
-    o, final, _, _ = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
-                                       store_final=output_final_state,
-                                       state_v_first=state_v_first, beta=beta,
-                                       chunk_indices=chunk_indices, qk=qk)
-    return (o, final, qk) if return_qk else (o, final)
+    o, final, h, v_new = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
+                                           store_final=output_final_state, store_h=return_states,
+                                           store_v=return_states, state_v_first=state_v_first,
+                                           beta=beta, chunk_indices=chunk_indices, qk=qk)
+    out = (o, final) + ((qk,) if return_qk else ())
+    if return_states:
+        B, T = u.shape[:2]
+        out += (h.reshape((B, cdiv(T, BT)) + h.shape[1:]), v_new)
+    return out

@@ -86,15 +86,32 @@ def qk_block(q, k, gc, cu):
     return scatter(a).astype(q.dtype)
 
 
+def chunk_states(k, w, u, gc, h0, dtype):
+    """The state entering every chunk ``[B, NT, H, K, V]`` and ``v' [B, T, H,
+    V]`` of a fixed-length walk in jnp, in ``dtype`` (v's: as the kernel stores them)."""
+    from gdn_jax.chunk_jnp import chunk_layout, chunk_states_jnp
+    from gdn_jax.naive_recurrent import repeat_heads
+
+    B, T, H = u.shape[:3]
+    gather, scatter, valid, seq = chunk_layout(B, T, None, None)
+    f32 = lambda x: gather(x.astype(jnp.float32))  # noqa: E731
+    S_in, v_new, _ = chunk_states_jnp(repeat_heads(f32(k), H), f32(w), f32(u), f32(gc), valid, seq,
+                                      h0.astype(jnp.float32))
+    return jnp.swapaxes(S_in, 0, 1).astype(dtype), scatter(v_new).astype(dtype)
+
+
 def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first, beta=None,
-                chunk_indices=None, return_qk=False):
+                chunk_indices=None, return_qk=False, return_states=False):
     """The chunk walk's Triton launch, by the jnp walk. From ``A, v, beta``
     (``beta`` given): ``w, u`` by the jnp ``fwd_intra``, whose ``A`` the
     launch was given, on the chunk list the launch was given when packed;
-    ``return_qk``: with the output's block (:func:`qk_block`)."""
+    ``return_qk``: with the output's block (:func:`qk_block`);
+    ``return_states``: with the chunk states and ``v'`` (:func:`chunk_states`)."""
     from gdn_jax.chunk_jnp import chunk_walk_jnp
 
+    assert not (return_states and cu is not None), "stored states: fixed length only"
     qk = qk_block(q, k, gc, cu) if return_qk else None
+    dtype = u.dtype
 
     if beta is not None:
         assert (cu is None) == (chunk_indices is None), "a packed walk from A takes its chunk list"
@@ -105,20 +122,29 @@ def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_fi
     swap = (lambda x: jnp.swapaxes(x, -1, -2)) if state_v_first else (lambda x: x)  # noqa: E731
     ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
     o, final = chunk_walk_jnp(q, k, w, u, gc, swap(h0), cu, ci, scale=scale)
-    return (o, swap(final)) + ((qk,) if return_qk else ())
+    states = chunk_states(k, w, u, gc, swap(h0), dtype) if return_states else ()
+    return (o, swap(final)) + ((qk,) if return_qk else ()) + states
 
 
-def bwd_launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale, qk=None):
+def bwd_launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale, qk=None, h=None, v_new=None):
     """The backward kernels' launch, by the jnp backward; a given ``qk`` (the
     forward's block) must be this block's (:func:`qk_block` of these ``q, k,
-    gc``), else every gradient is NaN: a block that reached the backward
-    misplaced (sharding, vmap, residuals) fails the tests."""
+    gc``), and given ``h, v_new`` (the forward's chunk states and ``v'``)
+    these inputs' (:func:`chunk_states`), else every gradient is NaN: a
+    residual that reached the backward misplaced (sharding, vmap) fails the tests."""
     from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp
 
     grads = chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=scale)
-    if qk is None:
-        return grads
-    ok = jnp.allclose(qk.astype(jnp.float32), qk_block(q, k, gc, cu).astype(jnp.float32), rtol=1e-2, atol=1e-2)
+    close = lambda x, y: jnp.allclose(x.astype(jnp.float32), y.astype(jnp.float32), rtol=1e-2, atol=1e-2)  # noqa: E731
+    ok = True
+    if qk is not None:
+        ok = close(qk, qk_block(q, k, gc, cu))
+    if h is not None:
+        B, H, Kd, Vd = v.shape[0], v.shape[2], k.shape[3], v.shape[3]
+        w, u, _ = fwd_intra_jnp(k, v, gc, beta)
+        h_ref, v_ref = chunk_states(k, w, u, gc, jnp.zeros((B, H, Kd, Vd), jnp.float32) if h0 is None else h0,
+                                    v.dtype)
+        ok = ok & close(h, h_ref) & close(v_new, v_ref)
     return tuple(jnp.where(ok, x, jnp.nan) for x in grads)
 
 
