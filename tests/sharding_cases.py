@@ -88,8 +88,12 @@ def put(m, x, *spec):
 
 def scaled_err(o, r) -> float:
     """max |o - r| over max(1, max |r|): float32 rounding at any magnitude
-    (gradients of a sum over many outputs reach tens)."""
+    (gradients of a sum over many outputs reach tens); infinite where either
+    holds a non-finite value (the stand-ins' NaN for misplaced residuals
+    reach both runs)."""
     o, r = jnp.asarray(o, jnp.float32), jnp.asarray(r, jnp.float32)
+    if not (jnp.isfinite(o).all() and jnp.isfinite(r).all()):
+        return float("inf")
     return float(jnp.max(jnp.abs(o - r)) / jnp.maximum(1.0, jnp.max(jnp.abs(r))))
 
 
@@ -209,15 +213,17 @@ def layer_case(head_parallel: bool):
     return run(f, (state, x), (state_rep, put(m, x, "data")))
 
 
-def chunk_grad_gpu_path_case(m, impl="triton"):
+def chunk_grad_gpu_path_case(m, impl="triton", dtype=jnp.float32):
     """A sharded training step of the GPU path (its custom_vjp), with the
     launches replaced by their jnp references (no GPU here), on a 2 x 2 mesh:
     the forward ops and the backward op run on the devices' blocks (``impl``
-    "auto": the walk from A, whose output block the backward reads)."""
+    "auto": the walk from A, whose output block the backward reads; with
+    bfloat16 ``q, k, v`` also the chunk states and ``v'`` it stores)."""
     from stand_ins import gpu_path_on_this_cpu
 
     gpu_path_on_this_cpu()
     q, k, v, g, beta, h0 = gdn_inputs(2, 130, 2, 4)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
 
     def step(q, k, v, g, beta, h0):
         def loss(*a):
@@ -260,6 +266,8 @@ def cases():
                                                                          AxisType.Auto)),
         "chunk_grad_gpu_path_2x2_from_A": lambda: chunk_grad_gpu_path_case(
             mesh((2, 2), ("data", "model"), AxisType.Auto), "auto"),
+        "chunk_grad_gpu_path_2x2_bf16_states": lambda: chunk_grad_gpu_path_case(
+            mesh((2, 2), ("data", "model"), AxisType.Auto), "auto", jnp.bfloat16),
         "layer_data_parallel": lambda: layer_case(False),
         "layer_head_parallel": lambda: layer_case(True),
     }

@@ -41,9 +41,9 @@ def float64_grads(x, cot, cu, transform=lambda x: x):
         return [np.asarray(g) for g in grads]
 
 
-def grads_of(x, cot, cu, impl, **kwargs):
+def grads_of(x, cot, cu, impl, dtype=jnp.float32, **kwargs):
     do, dht = cot
-    f32 = {a: jnp.asarray(x[a], jnp.float32) for a in ARGS}
+    f32 = {a: jnp.asarray(x[a], dtype if a in ("q", "k", "v") else jnp.float32) for a in ARGS}
 
     def loss(*args):
         o, f = gdn_jax.chunk_gated_delta_rule(*args[:5], initial_state=args[5], output_final_state=True,
@@ -67,6 +67,17 @@ def test_jnp_path_gradients(B, T, Hg, H, cu):
     x, cot = draw(T, B, T, Hg, H, 16, 8, N)
     cu = None if cu is None else jnp.asarray(cu, jnp.int32)
     check(grads_of(x, cot, cu, "reference"), float64_grads(x, cot, cu), 1e-4)
+
+
+@pytest.mark.parametrize("B,T,Hg,H", [(2, 130, 2, 4), (1, 1, 1, 2)])
+def test_gpu_path_bfloat16_keeps_the_chunk_states(gpu_path_as_reference, B, T, Hg, H):
+    """bfloat16 q, k, v at fixed length: the forward's walk stores the chunk
+    states and v' for the backward (the stand-ins check they are the ones of
+    these inputs); against float64 on the inputs rounded to bfloat16."""
+    x, cot = draw(T + 2, B, T, Hg, H, 16, 8, B)
+    x = {a: np.asarray(jnp.asarray(v, jnp.bfloat16 if a in ("q", "k", "v") else jnp.float32), np.float64)
+         for a, v in x.items()}
+    check(grads_of(x, cot, None, "auto", dtype=jnp.bfloat16), float64_grads(x, cot, None), 2e-2)
 
 
 @pytest.mark.parametrize("impl", ["triton", "auto"])  # auto: the walk from A, its block kept for the backward

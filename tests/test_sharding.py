@@ -49,6 +49,8 @@ EXPECTED = {
                                 + [S("data", "model")], ["data", "model"]),
     "chunk_grad_gpu_path_2x2_from_A": ([W("data", "model")] * 3 + [["data", None, "model"]] * 2
                                        + [S("data", "model")], ["data", "model"]),
+    "chunk_grad_gpu_path_2x2_bf16_states": ([W("data", "model")] * 3 + [["data", None, "model"]] * 2
+                                            + [S("data", "model")], ["data", "model"]),
     "layer_data_parallel": ([["data", None, None]], ["data", None]),
 }
 
