@@ -6,8 +6,9 @@ time (torch.profiler), and the gradients against the first config's.
 
     python benchmarks/chunk_bwd_probe.py [--shape headline] [--configs SPEC;SPEC...] [--out DIR]
 
-A SPEC is ``name=warps:stages:maxnreg[:BV][,name=...]`` (``maxnreg`` 0: no
-cap; ``BV`` the kernel's block of value columns where it has one; names as
+A SPEC is ``name=warps:stages:maxnreg[:BV[:BK]]][,name=...]`` (``maxnreg`` 0: no
+cap; ``BV`` the kernel's block of value columns where it has one, ``BK``
+the per-chunk kernel's key columns; names as
 in ``gdn_jax.autotune.UNTUNED``; a kernel left out keeps its fixed config),
 with ``qk=0`` (the reverse walk forms ``q k^T`` itself) and ``A=0`` (``w, u``
 rebuilt for both walks) for the kernels' other forms
@@ -52,9 +53,10 @@ def parse(spec: str) -> tuple[dict, dict]:
         if name in ("qk", "A"):
             forms[{"qk": "qk_in", "A": "from_A"}[name]] = bool(int(values))
             continue
-        warps, stages, maxnreg, *BV = map(int, values.split(":"))
+        warps, stages, maxnreg, *blocks = map(int, values.split(":"))
         configs[name] = dict(UNTUNED[name], num_warps=warps, num_stages=stages,
-                             **({"maxnreg": maxnreg} if maxnreg else {}), **({"BV": BV[0]} if BV else {}))
+                             **({"maxnreg": maxnreg} if maxnreg else {}),
+                             **dict(zip(("BV", "BK"), blocks)))
     return configs, forms
 
 

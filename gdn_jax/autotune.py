@@ -27,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import json
 import os
 import statistics
@@ -49,7 +50,7 @@ from .chunk_indices import chunk_offsets, padding_row, prepare_chunk_indices
 # at 8, though it spills there, docs/triton_versions.md; float32 at 8 warps
 # asks 233472 bytes of shared memory of triton 3.6, past the H200's 232448),
 # the WY kernel at 4 (1.04 ms against 1.57 at 8, though it spills 300 bytes
-# there, docs/performance.md).
+# there, docs/performance.md; at K = 256 see UNTUNED_WIDE_KEYS).
 UNTUNED = {
     "kkt_solve": dict(BK=64, num_warps=4),
     "recompute_w_u": dict(num_warps=8, num_stages=3),
@@ -78,6 +79,14 @@ UNTUNED_MANY_PROGRAMS = {
 }
 
 
+# ... for launches of K columns at or past the first number (the launch's
+# ``K`` constexpr): the WY backward at 8 warps at K = V = 256 (0.322 ms
+# against 0.653 at 4, B=2 T=4096 H=16, torch launch, bf16).
+UNTUNED_WIDE_KEYS = {
+    "wy_bwd": (256, dict(num_warps=8, num_stages=2)),
+}
+
+
 def fixed_config_overrides() -> dict:
     """``GDN_JAX_FIXED_CONFIGS``: a JSON object ``{kernel name: config kwargs}``, or ``{}``."""
     text = os.environ.get("GDN_JAX_FIXED_CONFIGS", "")
@@ -92,8 +101,10 @@ def fixed_config_overrides() -> dict:
     return overrides
 
 
-def untuned(name: str, operands=(), programs: int | None = None) -> dict:
+def untuned(name: str, operands=(), programs: int | None = None, key_dim: int | None = None) -> dict:
     """The fixed config of kernel ``name`` for a launch of ``operands``:
+    :data:`UNTUNED_WIDE_KEYS` where it has one and the launch's ``key_dim``
+    (its ``K``) reaches it;
     :data:`UNTUNED_MANY_PROGRAMS` where it has one, the launch's ``programs``
     bucket reaches it and not every float operand is float32;
     :data:`UNTUNED_FLOAT32` where it has one and every float operand is
@@ -105,6 +116,8 @@ def untuned(name: str, operands=(), programs: int | None = None) -> dict:
         return dict(override)
     floats = [x.dtype for x in operands if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
     float32 = bool(floats) and all(d == jnp.float32 for d in floats)
+    if name in UNTUNED_WIDE_KEYS and key_dim is not None and key_dim >= UNTUNED_WIDE_KEYS[name][0]:
+        return dict(UNTUNED_WIDE_KEYS[name][1])
     if name in UNTUNED_MANY_PROGRAMS and programs is not None and not float32 \
             and programs >= UNTUNED_MANY_PROGRAMS[name][0]:
         return dict(UNTUNED_MANY_PROGRAMS[name][1])
@@ -235,8 +248,10 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
     """
     keys = list(constexprs) if isinstance(constexprs, tuple) else []
     programs = keys[keys.index("programs") + 1] if "programs" in keys else None  # the tune key's bucket
+    key_dim = dict(x for x in keys if isinstance(x, tuple) and len(x) == 2).get("K")
+    fixed = functools.partial(untuned, name, operands, programs, key_dim)
     if not autotune_enabled():
-        return untuned(name, operands, programs)
+        return fixed()
     key = (name, constexprs, jax.devices()[0].device_kind,
            tuple(str(x.dtype) for x in operands if hasattr(x, "shape")))
     candidates = [config_kwargs(c) for c in configs]
@@ -245,12 +260,12 @@ def chosen_config(name: str, configs, operands, launch, constexprs, T: int) -> d
         if stored is not None:
             _CHOSEN[key] = stored
     if not timing_allowed():
-        return _CHOSEN.get(key, untuned(name, operands, programs))
+        return _CHOSEN.get(key, fixed())
     if key not in _CHOSEN:
         with jax.ensure_compile_time_eval():
             best, errors = fastest(configs, stand_ins(operands, T), launch)
         if best is None:
-            best = untuned_after_failures(name, errors, operands)
+            best = untuned_after_failures(name, errors, fixed())
         else:
             autotune_store.save(key, candidates, best)
         _CHOSEN[key] = best
@@ -316,9 +331,8 @@ def fastest(configs, operands, launch):
     return min(runs, key=lambda r: statistics.median(r[2]))[1], errors
 
 
-def untuned_after_failures(name: str, errors, operands=()) -> dict:
-    """:func:`untuned`, with a warning naming why no config could be timed."""
-    config = untuned(name, operands)
+def untuned_after_failures(name: str, errors, config: dict) -> dict:
+    """The fixed ``config`` (:func:`untuned`), with a warning naming why no config could be timed."""
     warnings.warn(f"gdn_jax: no config of kernel {name!r} could be timed, launching the fixed "
                   f"config {config}:\n" + "\n".join(errors), RuntimeWarning, stacklevel=3)
     return config

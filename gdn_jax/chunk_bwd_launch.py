@@ -32,12 +32,24 @@ def _pow2(n: int) -> int:
 
 
 def value_block(V: int, itemsize: int) -> int:
-    """``BV`` of the per-chunk and WY backward kernels: the whole ``V`` in one
-    block up to 256 columns of a 2-byte dtype or 128 of float32 (their V
-    tiles then take what 128 columns of float32 do, which fits an sm_90
-    program's shared memory: 229376 bytes at 4 warps, triton 3.6;
+    """The widest ``BV`` of the per-chunk and WY backward kernels: the whole
+    ``V`` in one block up to 256 columns of a 2-byte dtype or 128 of float32
+    (their V tiles then take what 128 columns of float32 do, which fits an
+    sm_90 program's shared memory: 229376 bytes at 4 warps, triton 3.6;
     256 float32 columns asked 393216). ``itemsize``: bytes of k's dtype."""
     return min(_pow2(V), 512 // itemsize)
+
+
+def value_blocks(K: int, V: int, itemsize: int) -> tuple[int, int]:
+    """``(BV of the per-chunk kernel, BV of the WY kernel)``, within
+    :func:`value_block`, as measured on the H200 (triton 3.6, bf16, torch
+    launch, ``benchmarks/chunk_bwd_probe.py``): the per-chunk kernel at most
+    128 columns (0.659 ms against 0.718 in one block at K = V = 256, B=2
+    T=4096 H=16); the WY kernel 64 where K <= 128 (0.971 against 1.033 at
+    BV=128 and 1.147 at 32, B=8 T=4096 H=32), the widest block past that
+    (it runs at 8 warps there, ``autotune.UNTUNED_WIDE_KEYS``)."""
+    widest = value_block(V, itemsize)
+    return min(widest, 128), (min(widest, 64) if K <= 128 else widest)
 
 
 def partials_in_input_dtype(dtype_name: str) -> bool:
@@ -76,7 +88,7 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     BK = _pow2(K)
     BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
     NK = cdiv(K, BKl)
-    BV = value_block(V, k.dtype.itemsize)  # the per-chunk and WY kernels' V blocks
+    BVl, BVw = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk and WY kernels' V blocks
     check_grid("backward", (grid[0] * NK, grid[1]),
                ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
@@ -118,13 +130,13 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
         out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
-        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BV, IS_VARLEN=varlen,
+        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
         DOT_PRECISION=prec)
     dk_wy, dv, dbeta, dg_wy = launch(
         "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
         out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
              jax.ShapeDtypeStruct(gc.shape, f32)),
-        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen,
+        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BVw, IS_VARLEN=varlen,
         DOT_PRECISION=prec)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,

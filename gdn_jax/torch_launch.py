@@ -11,7 +11,7 @@ from .chunk_indices import cdiv, prepare_chunk_indices
 from .kernels.fused_intra import gdn_fwd_intra_A_kernel, gdn_fwd_intra_fused_kernel
 from .kernels.kkt_solve import chunk_gated_delta_rule_fwd_kkt_solve_kernel as kkt_solve_kernel
 from .kernels.recompute_w_u import recompute_w_u_fwd_kernel
-from .autotune import UNTUNED
+from .autotune import untuned
 from .triton_launch import BC, _block, check_seed_triton, head_fastest_grid, wu_blocks
 
 
@@ -23,13 +23,14 @@ def chunk_indices_torch(cu_seqlens, device, chunk_size=64):
     return torch.from_numpy(np.array(prepare_chunk_indices(cu_seqlens.cpu().numpy(), chunk_size))).to(device)
 
 
-def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None):
+def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None, key_dim=None):
     """``(kernel, config kwargs)``: the inner ``JITFunction`` with the config
     ``configs[name]`` when given, else the autotuned kernel as it is (Triton's
-    own autotuner), or its inner ``JITFunction`` with the fixed config ``UNTUNED[name]``."""
+    own autotuner), or its inner ``JITFunction`` with the fixed config
+    (:func:`gdn_jax.autotune.untuned` of a launch of ``key_dim`` key columns)."""
     if configs and name in configs:
         return kernel.fn, configs[name]
-    return (kernel, {}) if autotune else (kernel.fn, UNTUNED[name])
+    return (kernel, {}) if autotune else (kernel.fn, untuned(name, key_dim=key_dim))
 
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
@@ -250,11 +251,11 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     ``config``: the recompute walk's config; ``configs`` (``{kernel name:
     config kwargs}``, names as in :data:`gdn_jax.autotune.UNTUNED`, Triton
     launch options such as ``maxnreg`` included, and ``BV`` of the per-chunk
-    and WY kernels, else :func:`~gdn_jax.chunk_bwd_launch.value_block`) pins
-    the other kernels'."""
+    and WY kernels, else :func:`~gdn_jax.chunk_bwd_launch.value_blocks`, and
+    ``BK`` of the per-chunk kernel, else 64) pins the other kernels'."""
     import torch
 
-    from .chunk_bwd_launch import _pow2, partials_in_input_dtype, value_block
+    from .chunk_bwd_launch import _pow2, partials_in_input_dtype, value_blocks
     from .chunk_indices import chunk_offsets
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
@@ -299,26 +300,27 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         offsets, float(scale), T,
         dv_new, dh, dh0, H=H, Hg=Hg, K=K, V=V, BT=64, BK=BK, USE_DHT=dht is not None,
         IS_VARLEN=varlen, DOT_PRECISION=dot_precision, QK_IN=qk_in, FROM_A=from_A, **walk_config)
-    BKl = min(64, BK)
+    local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False, configs)
+    local_config = dict(local_config)
+    BKl = local_config.pop("BK", min(64, BK))
     NK = cdiv(K, BKl)
-    BV = value_block(V, k.element_size())  # as chunk_bwd_launch
+    BVl, BVw = value_blocks(K, V, k.element_size())  # as chunk_bwd_launch
     part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
     dq = torch.empty(B, T, H, K, device=dev, dtype=part)
     dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
-    local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False, configs)
     local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **{"BV": BV, **local_config})
+        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **{"BV": BVl, **local_config})
     dk_wy = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     dg_wy = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
-    wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs)
+    wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
-        BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **{"BV": BV, **wy_config})
+        BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **{"BV": BVw, **wy_config})
     heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
     return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
 

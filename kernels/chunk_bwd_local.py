@@ -20,7 +20,7 @@ the chunk's entering state ``S`` (a row of ``h``), ``dS'`` (a row of ``dh``),
 Each K block writes its share of ``dgc`` (a row of ``dg [NK, B, T, H]``; the
 launcher sums them). ``dq`` and ``dk`` are per value head (float32); the
 launcher sums a key head's value heads. The sums over ``V`` run over blocks of
-``BV`` columns (one block where shared memory allows).
+``BV`` columns.
 """
 import triton
 import triton.language as tl
@@ -83,8 +83,8 @@ def gdn_chunk_bwd_local_kernel(
     b_q = tl.load(q + rows_k, mask=m_tk, other=0)
     b_k = tl.load(k + rows_k, mask=m_tk, other=0)
 
-    # The sums over V, a block of BV columns at a time (one block where V
-    # fits: BV = V up to what shared memory allows, chunk_bwd_launch.value_block)
+    # The sums over V, a block of BV columns at a time (the width measured
+    # fastest that fits shared memory: chunk_bwd_launch.value_blocks)
     b_dov = tl.zeros([BT, BT], dtype=tl.float32)  # do v'^T
     b_dos = tl.zeros([BT, BK], dtype=tl.float32)  # do S^T
     b_vds = tl.zeros([BT, BK], dtype=tl.float32)  # v' dS'^T

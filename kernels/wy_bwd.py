@@ -14,7 +14,7 @@ head::
 
 One program per (chunk, value head) on the head-fastest grid of the intra
 kernels (``tiles.program_chunk``), the whole ``K`` as one tile, ``V`` in
-blocks of ``BV`` columns (one where shared memory allows);
+blocks of ``BV`` columns;
 ``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``dk`` is per value head
 (float32; the launcher sums a key head's value heads and adds the walk's part).
 """
@@ -71,8 +71,8 @@ def gdn_wy_bwd_kernel(
     b_e = tl.where(m_t, tl.exp(b_g), 0)
     b_A = tl.load(A + rows[:, None] * BT + o_t[None, :], mask=m_t[:, None] & m_t[None, :], other=0)
 
-    # The V side first, a block of BV columns at a time (one block where V
-    # fits: BV = V up to what shared memory allows, chunk_bwd_launch.value_block);
+    # The V side first, a block of BV columns at a time (the width measured
+    # fastest that fits shared memory: chunk_bwd_launch.value_blocks);
     # dA = du (beta v)^T + dw (beta e k)^T with the betas as column scales of
     # the [BT, BT] products (no scaled copies of v and k), and A^T dw last:
     # fewer tiles live at once.

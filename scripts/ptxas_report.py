@@ -45,7 +45,7 @@ import tempfile
 import warnings
 import zlib
 
-from gdn_jax.chunk_bwd_launch import value_block
+from gdn_jax.chunk_bwd_launch import value_blocks
 from gdn_jax.chunk_launch import chunk_fwd_constexprs, chunk_qk_block
 from gdn_jax.fused_recurrent_launch import fused_recurrent_constexprs
 from gdn_jax.triton_launch import BC, _block, wu_blocks
@@ -185,13 +185,13 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
         lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,
                        dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=s.dtype,
                        dk=s.dtype, dw=s.dtype, dg=F32),
-        lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=value_block(s.K, s.itemsize),
+        lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=value_blocks(s.K, s.K, s.itemsize)[0],
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "backward WY (wy_bwd)": triton_kernel(
         "wy_bwd", "gdn_wy_bwd_kernel",
         lambda s: dict(k=s.dtype, v=s.dtype, beta=F32, gc=F32, A=s.dtype, dw=s.dtype, du=s.dtype,
                        cu_seqlens=I32, chunk_indices=I32, T="i32", dk=s.dtype, dv=s.dtype, dbeta=F32, dg=F32),
-        lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, BV=value_block(s.K, s.itemsize),
+        lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, BV=value_blocks(s.K, s.K, s.itemsize)[1],
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "decode (fused_recurrent)": triton_kernel(
         "fused_recurrent", "gdn_fused_recurrent_kernel",

@@ -216,6 +216,12 @@ def test_fixed_configs_by_dtype_programs_and_environment(monkeypatch):
     # float32's own fixed config where the common one asks too much shared memory
     assert autotune.untuned("chunk_bwd_walk", (f32,)) == autotune.UNTUNED_FLOAT32["chunk_bwd_walk"] \
         != autotune.untuned("chunk_bwd_walk", (bf16, f32)) == autotune.UNTUNED["chunk_bwd_walk"]
+    # the WY backward's own fixed config at K = 256, from the launch's K constexpr
+    assert autotune.untuned("wy_bwd", (bf16,), key_dim=256) == autotune.UNTUNED_WIDE_KEYS["wy_bwd"][1] \
+        != autotune.untuned("wy_bwd", (bf16,), key_dim=128) == autotune.UNTUNED["wy_bwd"]
+    monkeypatch.setenv("GDN_JAX_AUTOTUNE", "0")
+    wide = autotune.chosen_config("wy_bwd", [], (bf16,), None, (("H", 16), ("K", 256), ("V", 256)), T=64)
+    assert wide == autotune.UNTUNED_WIDE_KEYS["wy_bwd"][1]
     monkeypatch.setenv("GDN_JAX_FIXED_CONFIGS", '{"chunk_fwd": {"BV": 16, "num_warps": 8}}')
     assert autotune.untuned("chunk_fwd", (bf16,), programs=256) == {"BV": 16, "num_warps": 8}
     assert autotune.untuned("wy_bwd", (bf16,)) == autotune.UNTUNED["wy_bwd"]

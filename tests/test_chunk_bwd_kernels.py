@@ -77,7 +77,8 @@ def test_strong_gates_in_a_partial_chunk():
 @pytest.mark.parametrize("B,T,cu", [(2, 70, None), (1, 150, [0, 1, 70, 150])])
 def test_value_columns_past_one_block(B, T, cu):
     """V = 160 in float32: the per-chunk and WY kernels' sums over V run over
-    two blocks of 128 columns (chunk_bwd_launch.value_block), the second masked."""
+    two blocks of 128 columns and three of 64 (chunk_bwd_launch.value_blocks),
+    the last one masked."""
     run("float32", B, T, 1, 2, 32, 160, cu=cu, seed=7)
 
 
@@ -92,3 +93,10 @@ def test_walks_on_rebuilt_w_u(qk_in):
 def test_reverse_walk_forming_qk():
     """``QK_IN`` off with ``FROM_A`` on (the walks read ``A``)."""
     run("float32", 2, 100, 1, 2, 32, 16, seed=9, qk_in=False)
+
+
+def test_per_chunk_kernel_in_narrower_key_blocks():
+    """The per-chunk kernel's ``BK`` at 16 (four K blocks at K = 64, the
+    launch's ``dg`` rows per block summed), packed with a partial chunk."""
+    configs = {"chunk_bwd_local": dict(num_warps=4, num_stages=2, BK=16)}
+    run("float32", 1, 150, 1, 2, 64, 16, cu=[0, 1, 70, 150], seed=11, configs=configs)

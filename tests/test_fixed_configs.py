@@ -51,7 +51,7 @@ for row, name, dtype, K in json.loads(sys.argv[1]):
     pointer = {"bfloat16": report.BF, "float32": report.F32}[dtype]
     compiles = dict(report.KERNELS[row](report.Shape(K=K, dtype=pointer)))
     for programs in (1, 1024):  # few and many programs (autotune.UNTUNED_MANY_PROGRAMS)
-        config = report.config_label(untuned(name, operands, programs))
+        config = report.config_label(untuned(name, operands, programs, key_dim=K))
         out[f"{row}/{dtype}/{K}/{programs}"] = [
             config, compiles[config]().metadata.shared if config in compiles else sorted(compiles)]
 print(json.dumps(out))
