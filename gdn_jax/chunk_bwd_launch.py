@@ -42,14 +42,14 @@ def value_block(V: int, itemsize: int) -> int:
 
 def value_blocks(K: int, V: int, itemsize: int) -> tuple[int, int]:
     """``(BV of the per-chunk kernel, BV of the WY kernel)``, within
-    :func:`value_block`, as measured on the H200 (triton 3.6, bf16, torch
-    launch, ``benchmarks/chunk_bwd_probe.py``): the per-chunk kernel at most
-    128 columns (0.659 ms against 0.718 in one block at K = V = 256, B=2
-    T=4096 H=16); the WY kernel 64 where K <= 128 (0.971 against 1.033 at
-    BV=128 and 1.147 at 32, B=8 T=4096 H=32), the widest block past that
-    (it runs at 8 warps there, ``autotune.UNTUNED_WIDE_KEYS``)."""
+    :func:`value_block`, as measured on the H200 (triton 3.6, bf16): the
+    per-chunk kernel at most 128 columns (0.659 ms against 0.718 in one
+    block at K = V = 256, B=2 T=4096 H=16, torch launch,
+    ``benchmarks/chunk_bwd_probe.py``); the WY kernel the widest block (at
+    B=8 T=4096 H=32, 64 columns took 0.970 against 1.036 ms from torch but
+    0.905 against 0.874 under JAX, ``benchmarks/kernel_breakdown.py``)."""
     widest = value_block(V, itemsize)
-    return min(widest, 128), (min(widest, 64) if K <= 128 else widest)
+    return min(widest, 128), widest
 
 
 def partials_in_input_dtype(dtype_name: str) -> bool:

@@ -77,8 +77,7 @@ def test_strong_gates_in_a_partial_chunk():
 @pytest.mark.parametrize("B,T,cu", [(2, 70, None), (1, 150, [0, 1, 70, 150])])
 def test_value_columns_past_one_block(B, T, cu):
     """V = 160 in float32: the per-chunk and WY kernels' sums over V run over
-    two blocks of 128 columns and three of 64 (chunk_bwd_launch.value_blocks),
-    the last one masked."""
+    two blocks of 128 columns (chunk_bwd_launch.value_blocks), the second masked."""
     run("float32", B, T, 1, 2, 32, 160, cu=cu, seed=7)
 
 
