@@ -6,9 +6,11 @@ time (torch.profiler), and the gradients against the first config's.
 
     python benchmarks/chunk_bwd_probe.py [--shape headline] [--configs SPEC;SPEC...] [--out DIR]
 
-A SPEC is ``name=warps:stages:maxnreg[:BV[:BK]]][,name=...]`` (``maxnreg`` 0: no
-cap; ``BV`` the kernel's block of value columns where it has one, ``BK``
-the per-chunk kernel's key columns; names as
+A SPEC is ``name=warps:stages:maxnreg[:BV[:BK[:V_STAGES]]][,name=...]``
+(``maxnreg`` 0: no cap; ``BV`` the kernel's block of value columns where it
+has one, ``BK`` the per-chunk kernel's key columns, ``V_STAGES`` the
+per-chunk and WY kernels' V loop software-pipelined at that many stages;
+a 0 among the last three keeps the launch's own; names as
 in ``gdn_jax.autotune.UNTUNED``; a kernel left out keeps its fixed config),
 with ``qk=0`` (the reverse walk forms ``q k^T`` itself) and ``A=0`` (``w, u``
 rebuilt for both walks) for the kernels' other forms
@@ -56,7 +58,7 @@ def parse(spec: str) -> tuple[dict, dict]:
         warps, stages, maxnreg, *blocks = map(int, values.split(":"))
         configs[name] = dict(UNTUNED[name], num_warps=warps, num_stages=stages,
                              **({"maxnreg": maxnreg} if maxnreg else {}),
-                             **dict(zip(("BV", "BK"), blocks)))
+                             **{n: x for n, x in zip(("BV", "BK", "V_STAGES"), blocks) if x})
     return configs, forms
 
 

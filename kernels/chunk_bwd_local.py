@@ -29,8 +29,33 @@ from .safe_exp import causal_decay
 from .tiles import program_chunk
 
 
+@triton.jit
+def value_block_sums(b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, bos, r, m_t, o_k, h_row,
+                     i_h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr):
+    """The sums over V of one block of ``BV`` value columns added: ``do
+    v'^T``, ``do S^T``, ``v' dS'^T``, ``-dv' S^T`` and the rows of ``<dS',
+    S>`` (``S``, ``dS'`` the chunk's rows ``h_row`` of ``h``, ``dh``)."""
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_tv = m_t[:, None] & (o_v < V)[None, :]
+    m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
+    rows_v = (bos + r)[:, None] * (H * V) + i_h * V + o_v[None, :]
+    s_offsets = (h_row * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
+    b_vn = tl.load(v_new + rows_v, mask=m_tv, other=0)
+    b_do = tl.load(do + rows_v, mask=m_tv, other=0)
+    b_dv = tl.load(dv + rows_v, mask=m_tv, other=0).to(k.dtype.element_ty)
+    b_s = tl.load(h + s_offsets, mask=m_s, other=0)  # S [BK, BV], k.dtype
+    b_ds = tl.load(dh + s_offsets, mask=m_s, other=0)  # dS'
+    b_dov += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PRECISION)
+    b_dos += tl.dot(b_do, tl.trans(b_s), input_precision=DOT_PRECISION)
+    b_vds += tl.dot(b_vn, tl.trans(b_ds), input_precision=DOT_PRECISION)
+    b_dw -= tl.dot(b_dv, tl.trans(b_s), input_precision=DOT_PRECISION)
+    b_sds += tl.sum(b_ds.to(tl.float32) * b_s.to(tl.float32), axis=1)
+    return b_dov, b_dos, b_vds, b_dw, b_sds
+
+
 @triton.autotune(
-    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
+    configs=[triton.Config({"V_STAGES": 1}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
     key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN"],
 )
 @triton.jit(do_not_specialize=["T"])
@@ -60,6 +85,7 @@ def gdn_chunk_bwd_local_kernel(
     BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    V_STAGES: tl.constexpr,
 ):
     NK: tl.constexpr = (K + BK - 1) // BK
     i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN, NK)
@@ -84,28 +110,25 @@ def gdn_chunk_bwd_local_kernel(
     b_k = tl.load(k + rows_k, mask=m_tk, other=0)
 
     # The sums over V, a block of BV columns at a time (the width measured
-    # fastest that fits shared memory: chunk_bwd_launch.value_blocks)
+    # fastest that fits shared memory: chunk_bwd_launch.value_blocks);
+    # V_STAGES > 1: a loop Triton software-pipelines (the next block's loads
+    # in flight during this block's dots), else unrolled
     b_dov = tl.zeros([BT, BT], dtype=tl.float32)  # do v'^T
     b_dos = tl.zeros([BT, BK], dtype=tl.float32)  # do S^T
     b_vds = tl.zeros([BT, BK], dtype=tl.float32)  # v' dS'^T
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)  # -dv' S^T
     b_sds = tl.zeros([BK], dtype=tl.float32)  # rows of <dS', S>
-    for i_v in tl.static_range((V + BV - 1) // BV):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v < V)[None, :]
-        m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
-        rows_v = (bos + r)[:, None] * (H * V) + i_h * V + o_v[None, :]
-        s_offsets = (h_row * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
-        b_vn = tl.load(v_new + rows_v, mask=m_tv, other=0)
-        b_do = tl.load(do + rows_v, mask=m_tv, other=0)
-        b_dv = tl.load(dv + rows_v, mask=m_tv, other=0).to(b_k.dtype)
-        b_s = tl.load(h + s_offsets, mask=m_s, other=0)  # S [BK, BV], k.dtype
-        b_ds = tl.load(dh + s_offsets, mask=m_s, other=0)  # dS'
-        b_dov += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PRECISION)
-        b_dos += tl.dot(b_do, tl.trans(b_s), input_precision=DOT_PRECISION)
-        b_vds += tl.dot(b_vn, tl.trans(b_ds), input_precision=DOT_PRECISION)
-        b_dw -= tl.dot(b_dv, tl.trans(b_s), input_precision=DOT_PRECISION)
-        b_sds += tl.sum(b_ds.to(tl.float32) * b_s.to(tl.float32), axis=1)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    if V_STAGES > 1:
+        for i_v in tl.range(0, NV, num_stages=V_STAGES):
+            b_dov, b_dos, b_vds, b_dw, b_sds = value_block_sums(
+                b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, bos, r, m_t, o_k, h_row, i_h,
+                i_v, H, K, V, BV, DOT_PRECISION)
+    else:
+        for i_v in tl.static_range(NV):
+            b_dov, b_dos, b_vds, b_dw, b_sds = value_block_sums(
+                b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, bos, r, m_t, o_k, h_row, i_h,
+                i_v, H, K, V, BV, DOT_PRECISION)
     b_g = tl.load(gc + (bos + r) * H + i_h, mask=m_t, other=0).to(tl.float32)
     last = (tl.minimum(i_t * BT + BT, seq_len) - 1).to(tl.int64)
     g_last = tl.load(gc + (bos + last) * H + i_h).to(tl.float32)

@@ -24,8 +24,25 @@ import triton.language as tl
 from .tiles import program_chunk
 
 
+@triton.jit
+def value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V: tl.constexpr, BV: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """One block of ``BV`` value columns: ``dv = beta (A^T du)`` stored, and
+    ``rowsum((A^T du) v)``, ``du v^T`` added to ``b_db``, ``b_duv``."""
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_tv = m_t[:, None] & (o_v < V)[None, :]
+    rows_hv = rows[:, None] * V + o_v[None, :]
+    b_v = tl.load(v + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
+    b_du = tl.load(du + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
+    b_Atdu = tl.dot(tl.trans(b_A), b_du, input_precision=DOT_PRECISION)  # [BT, BV]
+    tl.store(dv + rows_hv, (b_beta[:, None] * b_Atdu).to(dv.dtype.element_ty), mask=m_tv)
+    b_db += tl.sum(b_Atdu * b_v.to(tl.float32), axis=1)
+    b_duv += tl.dot(b_du, tl.trans(b_v), input_precision=DOT_PRECISION)
+    return b_db, b_duv
+
+
 @triton.autotune(
-    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
+    configs=[triton.Config({"V_STAGES": 1}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
     key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN"],
 )
 @triton.jit(do_not_specialize=["T"])
@@ -53,6 +70,7 @@ def gdn_wy_bwd_kernel(
     BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    V_STAGES: tl.constexpr,
 ):
     i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= seq_len:
@@ -76,18 +94,18 @@ def gdn_wy_bwd_kernel(
     # dA = du (beta v)^T + dw (beta e k)^T with the betas as column scales of
     # the [BT, BT] products (no scaled copies of v and k), and A^T dw last:
     # fewer tiles live at once.
+    # (V_STAGES > 1: a loop Triton software-pipelines, else unrolled.)
     b_db = tl.zeros([BT], dtype=tl.float32)
     b_duv = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_v in tl.static_range((V + BV - 1) // BV):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v < V)[None, :]
-        rows_hv = rows[:, None] * V + o_v[None, :]
-        b_v = tl.load(v + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
-        b_du = tl.load(du + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
-        b_Atdu = tl.dot(tl.trans(b_A), b_du, input_precision=DOT_PRECISION)  # [BT, BV]
-        tl.store(dv + rows_hv, (b_beta[:, None] * b_Atdu).to(dv.dtype.element_ty), mask=m_tv)
-        b_db += tl.sum(b_Atdu * b_v.to(tl.float32), axis=1)
-        b_duv += tl.dot(b_du, tl.trans(b_v), input_precision=DOT_PRECISION)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    if V_STAGES > 1:
+        for i_v in tl.range(0, NV, num_stages=V_STAGES):
+            b_db, b_duv = value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V, BV,
+                                      DOT_PRECISION)
+    else:
+        for i_v in tl.static_range(NV):
+            b_db, b_duv = value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V, BV,
+                                      DOT_PRECISION)
     b_k = tl.load(k + (bos + r)[:, None] * (Hg * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0)
     b_dw = tl.load(dw + rows_hk, mask=m_tk, other=0).to(b_A.dtype)
     b_dA = b_duv * b_beta[None, :] + tl.dot(b_dw, tl.trans(b_k.to(b_A.dtype)),

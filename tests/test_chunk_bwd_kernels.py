@@ -97,5 +97,14 @@ def test_reverse_walk_forming_qk():
 def test_per_chunk_kernel_in_narrower_key_blocks():
     """The per-chunk kernel's ``BK`` at 16 (four K blocks at K = 64, the
     launch's ``dg`` rows per block summed), packed with a partial chunk."""
-    configs = {"chunk_bwd_local": dict(num_warps=4, num_stages=2, BK=16)}
+    configs = {"chunk_bwd_local": dict(V_STAGES=1, num_warps=4, num_stages=2, BK=16)}
     run("float32", 1, 150, 1, 2, 64, 16, cu=[0, 1, 70, 150], seed=11, configs=configs)
+
+
+@pytest.mark.parametrize("dtype", list(TORCH))
+def test_value_blocks_in_a_pipelined_loop(dtype):
+    """The per-chunk and WY kernels' sums over V in blocks of 16 columns (V =
+    40: three blocks, the last masked) as a loop Triton software-pipelines
+    (``V_STAGES=2``), packed with empty and one-row sequences."""
+    configs = {name: dict(V_STAGES=2, BV=16, num_warps=4, num_stages=2) for name in ("chunk_bwd_local", "wy_bwd")}
+    run(dtype, 1, 150, 1, 2, 32, 40, cu=[0, 0, 1, 70, 150], seed=12, configs=configs)
