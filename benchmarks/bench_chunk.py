@@ -30,10 +30,9 @@ Times are the steady cost per call in a stream of calls (the slope between
 batches of N and 5N calls, every column taken in turn for three rounds; see
 ``bench_fwd_intra.timed``), after warm-up, on random inputs: bf16 q/k/v, unit
 q and k, float32 gates ``logsigmoid(normal)`` and ``beta = sigmoid(normal)``,
-an initial state and the final state returned. What the forward runs before
-the walk (the gate sums, ``A`` and the output's block: one launch,
-``gdn_jax.intra_qk``) is timed beside it, so the walk's share is their
-difference. Prints the table
+an initial state and the final state returned. What the forward runs of
+``fwd_intra`` (the ``A`` kernel) is timed beside it, so the walk's share is
+their difference. Prints the table
 last, writes ``bench_chunk.json`` and ``bench_chunk.png`` under --out.
 """
 from __future__ import annotations
@@ -56,7 +55,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
 from bench_fwd_intra import (copy_bandwidth, jax_dispatch_ms, timed_in_turn, torch_triton_cache,  # noqa: E402
                              wall_median)
-from gdn_jax.intra_qk import intra_qk  # noqa: E402
+from gdn_jax.chunk_jnp import chunk_local_cumsum  # noqa: E402
+from gdn_jax.sharding import fwd_intra_sharded  # noqa: E402
 
 # In this order the fixed-length K = 128 shapes come first: after the first,
 # fla compiles nothing new for them (its first forward + backward compiles and
@@ -221,12 +221,13 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
 
     ours = jax_call("gdn_jax", forward("auto"), q, k, v, g, beta, h0, cu)
 
-    def intra(q, k, g, beta, cu):
+    def intra(k, v, g, beta, cu):
         ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, T)
-        # what the forward runs before the walk: the gate sums, A and the output's block, one launch
-        return intra_qk(q, k, g, beta.astype(jnp.float32), cu, ci)
+        gc = chunk_local_cumsum(g, cu, ci)
+        # what the forward runs of fwd_intra: A alone (the walk forms v' from it, kernels/chunk_fwd.py)
+        return fwd_intra_sharded(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl="A")
 
-    jax_call("fwd_intra", intra, q, k, g, beta, cu)
+    jax_call("fwd_intra", intra, k, v, g, beta, cu)
     if with_reference:
         jax_call("jnp", forward("reference"), q, k, v, g, beta, h0, cu)
     fla = fla_forward()
@@ -291,7 +292,7 @@ BACKWARD_TABLE = [("shape", "shape"), ("gdn_jax_steady_ms", "gdn_jax fwd+bwd"), 
                   ("jnp_steady_ms", "jnp path fwd+bwd"), ("fla_over_gdn_jax", "fla / gdn_jax"),
                   ("jnp_over_gdn_jax", "jnp / gdn_jax"), ("gdn_jax_peak_MB", "gdn_jax peak MB"),
                   ("fla_peak_MB", "fla peak MB")]
-TABLE = [("shape", "shape"), ("gdn_jax_steady_ms", "gdn_jax"), ("fwd_intra_steady_ms", "of it gates, A, qk"),
+TABLE = [("shape", "shape"), ("gdn_jax_steady_ms", "gdn_jax"), ("fwd_intra_steady_ms", "of it fwd_intra"),
          ("walk_ms", "of it the walk"), ("fla_steady_ms", "fla 0.6"), ("jnp_steady_ms", "jnp path"),
          ("io_floor_ms", "I/O floor"), ("matrix_floor_ms", "matrix floor"),
          ("fla_over_gdn_jax", "fla / gdn_jax"), ("jnp_over_gdn_jax", "jnp / gdn_jax"),

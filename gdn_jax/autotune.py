@@ -56,9 +56,6 @@ UNTUNED = {
     "recompute_w_u": dict(num_warps=8, num_stages=3),
     "fused": dict(BK=64, num_warps=2, num_stages=3),
     "A": dict(BK=64, num_warps=1),
-    # the A kernel with the gate sums and the output block: BK=32 (its
-    # 0.255 ms from torch at the headline against 0.353 at BK=64, 2 warps)
-    "A_qk": dict(BK=32, num_warps=1),
     "chunk_fwd": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
     "chunk_qk": dict(num_warps=2, num_stages=2),
     "chunk_bwd_walk": dict(BV=32, num_warps=4, num_stages=2),

@@ -23,9 +23,8 @@ from .chunk_bwd_launch import chunk_bwd_triton
 from .chunk_jnp import chunk_local_cumsum
 from .chunk_walk import chunk_walk
 from .intra import fwd_intra
-from .intra_qk import intra_qk
 from .options import state_from_k_major, state_to_k_major
-from .sharding import Layout, partitioned, sharded_call, varying_like
+from .sharding import Layout, fwd_intra_sharded, partitioned, sharded_call, varying_like
 
 
 class BwdStatic(NamedTuple):
@@ -89,7 +88,7 @@ def chunk_bwd(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens, chunk_in
     """``(dq, dk, dv, dgc, dbeta, dh0)``, shapes and dtypes as
     :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp` (K-major states; ``initial_state``
     and ``dht`` may be None); ``qk``: the forward's output block
-    (:func:`gdn_jax.intra_qk.intra_qk`'s), or None;
+    (:func:`gdn_jax.chunk_walk.chunk_walk`'s ``return_qk``), or None;
     ``states``: its chunk states and ``v'`` (``return_states``), or None."""
     static = BwdStatic(bool(triton), float(scale), initial_state is not None, dht is not None,
                        cu_seqlens is not None, v.shape[2] // q.shape[2], qk is not None, states is not None)
@@ -119,30 +118,29 @@ def gdn_core(static: CoreStatic, q, k, v, a, beta, h0, cu, ci):
 def core_forward(static, q, k, v, a, beta, h0, cu, ci, save_states=False):
     """``((o, final_state or None), residuals)``: the cumsum of the gates,
     ``fwd_intra`` and the walk, and what the backward keeps. With ``impl``
-    "auto" on the walk kernel: the gate sums, ``A`` and the output's block
-    from one launch (:func:`gdn_jax.intra_qk.intra_qk`), then the walk that
-    forms ``v'`` from ``A``, ``v`` and ``beta``, so ``w`` and ``u`` never go
-    through HBM; else the gates summed in XLA, ``fwd_intra``'s path ``impl``,
-    then the walk on ``w``, ``u``. ``save_states`` (the forward of
-    ``jax.grad``): that walk also stores the chunk states and ``v'`` for the
-    backward where the batch has fixed length and ``v`` is bfloat16 or
-    float16 (0.19 ms more at B=8 T=4096 against 0.59 for the backward's
-    recompute; ``docs/design.md``)."""
+    "auto" on the walk kernel: ``A`` alone (the split path's first kernel),
+    then the walk that forms ``v'`` from ``A``, ``v`` and ``beta``, so ``w``
+    and ``u`` never go through HBM; else ``fwd_intra``'s path ``impl``, then
+    the walk on ``w``, ``u``. ``save_states`` (the forward of ``jax.grad``):
+    that walk also stores the chunk states and ``v'`` for the backward where
+    the batch has fixed length and ``v`` is bfloat16 or float16 (0.19 ms more
+    at B=8 T=4096 against 0.59 for the backward's recompute; ``docs/design.md``)."""
+    gc = chunk_local_cumsum(a, cu, ci)  # float32 (float64 for float64 a): the kernels take float32
+    gc = gc if static.impl == "reference" else gc.astype(jnp.float32)
     walk = functools.partial(chunk_walk, scale=static.scale, output_final_state=static.final,
                              state_v_first=static.v_first, triton=static.walk_triton)
     qk = states = None
     if static.walk_triton and static.impl == "auto":
-        beta32 = beta.astype(jnp.float32)
-        a = a if a.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else a.astype(jnp.float32)
-        gc, A, qk = intra_qk(q, k, a, beta32, cu, ci)  # qk: kept for the backward's reverse walk
+        (A,) = fwd_intra_sharded(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl="A")
+        # the output block the walk reads, kept for the backward's reverse walk
+        # ([B, T, H, 64], a quarter of v's bytes at V = 128) instead of formed again
         # float32: the walk's tiles with both stores ask more shared memory
         # than an sm_90 program has at its fixed config (238084 of 232448 bytes)
         save = save_states and cu is None and jnp.dtype(v.dtype).itemsize == 2
-        o, final, *states = walk(q, k, A, v, gc, h0, cu, ci, beta=beta32, qk=qk, return_states=save)
+        o, final, qk, *states = walk(q, k, A, v, gc, h0, cu, ci, beta=beta.astype(jnp.float32),
+                                     return_qk=True, return_states=save)
         out, states = (o, final), (tuple(states) if save else None)
     else:
-        gc = chunk_local_cumsum(a, cu, ci)  # float32 (float64 for float64 a): the kernels take float32
-        gc = gc if static.impl == "reference" else gc.astype(jnp.float32)
         w, u, A = fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl=static.impl)
         out = walk(q, k, w, u, gc, h0, cu, ci)
     return out, (q, k, v, gc, beta, A, qk, states, h0, cu, ci)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from .autotune import autotune_enabled, timing_allowed
 from .chunk_indices import cdiv, padded_chunk_rows
-from .triton_launch import BC, GRID_LIMITS, TIMING_ROWS, check_grid, dot_precision, head_fastest_grid, launch
+from .triton_launch import GRID_LIMITS, TIMING_ROWS, check_grid, dot_precision, head_fastest_grid, launch
 from .validate import check_kernel_dtypes
 
 BT = 64
@@ -105,43 +105,6 @@ def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
                   DOT_PRECISION=dot_precision())
 
 
-def intra_qk_triton(q, k, a, beta, cu_seqlens=None, chunk_indices=None):
-    """``(gc, A, qk)`` from one launch (``kernels/fused_intra.py``,
-    ``gdn_fwd_intra_A_qk_kernel``): what the walk from ``A`` reads but ``v``
-    and ``beta``. ``gc [B, T, H]`` float32, the chunk-local cumulative sums of
-    the per-step log gates ``a [B, T, H]`` (any float dtype); ``A [B, T, H,
-    64]`` as ``fwd_intra``'s on that ``gc``; ``qk [B, T, H, 64]`` as
-    :func:`chunk_qk_triton`'s; both in k's dtype. ``q, k [B, T, Hg, K]``,
-    ``beta [B, T, H]`` float32; a packed batch (``B == 1``) gives
-    ``cu_seqlens`` and its ``chunk_indices``."""
-    from .kernels.fused_intra import gdn_fwd_intra_A_qk_kernel
-
-    check_kernel_dtypes("chunk_gated_delta_rule", q=q, k=k, g=a, beta=beta)
-    B, T, Hg, K = k.shape
-    H = a.shape[2]
-    varlen = cu_seqlens is not None
-    NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
-    block = jax.ShapeDtypeStruct((B, T, H, BT), k.dtype)
-    types = (block, block, jax.ShapeDtypeStruct((B, T, H), jnp.float32))
-    if B * T * H == 0 or NT == 0:
-        gc, A, qk = (jnp.zeros(t.shape, t.dtype) for t in (types[2], block, block))
-        return gc, A, qk
-    grid = head_fastest_grid(NT, H, B)
-    check_grid("chunk_gated_delta_rule", grid, ("chunks * value heads (NT * H)", "batch rows B"))
-    if B * T > TIMING_ROWS and autotune_enabled() and timing_allowed():  # choose on fewer rows first
-        rows = (max(1, min(B, TIMING_ROWS // T)), min(T, TIMING_ROWS))
-        fewer = lambda x: jax.ShapeDtypeStruct(rows + x.shape[2:], x.dtype)  # noqa: E731
-        ci = None if not varlen else jax.ShapeDtypeStruct(
-            (padded_chunk_rows(rows[1], cu_seqlens.shape[0] - 1, BT), 2), jnp.int32)
-        jax.eval_shape(intra_qk_triton, *map(fewer, (q, k, a, beta)), cu_seqlens, ci)
-    dummy = jnp.zeros((1,), jnp.int32)
-    A, qk, gc = launch("A_qk", gdn_fwd_intra_A_qk_kernel,
-                       (q, k, a, beta, cu_seqlens if varlen else dummy, chunk_indices if varlen else dummy, T),
-                       out=types, grid=grid, H=H, Hg=Hg, K=K, BT=BT, BC=BC, IS_VARLEN=varlen,
-                       DOT_PRECISION=dot_precision())
-    return gc, A, qk
-
-
 def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk_offsets=None, *,
                       scale, write_o=True, store_final=True, store_h=False, store_v=False,
                       state_v_first=False, beta=None, chunk_indices=None, qk=None):
@@ -219,19 +182,21 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
 
 def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
                      output_final_state=True, state_v_first=False, beta=None, chunk_indices=None,
-                     return_states=False, qk=None):
+                     return_qk=False, return_states=False):
     """``(o, final_state or None)``: :func:`chunk_walk_triton` writing the output
-    (from ``w, u``, or from ``A, v`` with ``beta``, reading the output's block
-    ``qk`` where given); with
+    (from ``w, u``, or from ``A, v`` with ``beta``); with ``return_qk`` (and
+    ``beta``) ``qk`` after them, the output's block the walk read
+    (:func:`chunk_qk_triton`, ``[B, T, H, 64]`` in q's dtype); with
     ``return_states`` (fixed length) ``h, v_new`` last, the state entering
     every chunk ``[B, cdiv(T, 64), H, K, V]`` and ``v' [B, T, H, V]``, in u's
     dtype. The backward reads both again."""
     assert not (return_states and cu_seqlens is not None), "packed batches' states are recomputed"
+    qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices) if return_qk else None
     o, final, h, v_new = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
                                            store_final=output_final_state, store_h=return_states,
                                            store_v=return_states, state_v_first=state_v_first,
                                            beta=beta, chunk_indices=chunk_indices, qk=qk)
-    out = (o, final)
+    out = (o, final) + ((qk,) if return_qk else ())
     if return_states:
         B, T = u.shape[:2]
         out += (h.reshape((B, cdiv(T, BT)) + h.shape[1:]), v_new)

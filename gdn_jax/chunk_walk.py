@@ -30,20 +30,22 @@ class WalkStatic(NamedTuple):
     varlen: bool
     v_first: bool  # states [N, H, V, K]
     ratio: int  # GQA: H // Hg
-    from_A: bool = False  # A, v, beta and the output's block in place of w, u: the kernel forms v' (Triton only)
+    from_A: bool = False  # A, v (and beta) in place of w, u: the kernel forms v' (Triton only)
+    return_qk: bool = False  # also the output's block the walk from A read (for the backward)
     return_states: bool = False  # also the chunk states and v' (for the backward; fixed length, Triton)
 
 
 def _layout(static: WalkStatic) -> Layout:
     """``q, k, w, u, gc, [h0], [cu_seqlens, chunk_indices] -> o, [final]``
-    (``q, k, A, v, gc, beta, qk, ...`` with ``from_A``, ``-> o, [final], [h,
-    v_new]`` with ``return_states``; the chunk states ``h [B, NT, H, K, V]``
-    fold and split as states, ``n``)."""
+    (``q, k, A, v, gc, beta, ...`` with ``from_A``, ``-> o, [final], [qk],
+    [h, v_new]`` with ``return_qk``, ``return_states``; the chunk states ``h
+    [B, NT, H, K, V]`` fold and split as states, ``n``)."""
     state = "nhvk" if static.v_first else "nhkv"
     operands = ("btgk", "btgk", "btha" if static.from_A else "bthk", "bthv", "bth") \
-        + (("bth", "btha") if static.from_A else ()) + ((state,) if static.use_h0 else ()) \
+        + (("bth",) if static.from_A else ()) + ((state,) if static.use_h0 else ()) \
         + (("s", "ij") if static.varlen else ())
-    results = ("bthv",) + ((state,) if static.final else ()) + (("nthkv", "bthv") if static.return_states else ())
+    results = ("bthv",) + ((state,) if static.final else ()) + (("btha",) if static.return_qk else ()) \
+        + (("nthkv", "bthv") if static.return_states else ())
     return Layout(operands, results, static.varlen, static.ratio)
 
 
@@ -51,10 +53,10 @@ def _split(static: WalkStatic, arrays):
     arrays = list(arrays)
     q, k, w, u, gc = arrays[:5]
     rest = arrays[5:]
-    beta, qk = (rest.pop(0), rest.pop(0)) if static.from_A else (None, None)
+    beta = rest.pop(0) if static.from_A else None
     h0 = rest.pop(0) if static.use_h0 else None
     cu, ci = rest if static.varlen else (None, None)
-    return q, k, w, u, gc, beta, qk, h0, cu, ci
+    return q, k, w, u, gc, beta, h0, cu, ci
 
 
 def _per_device(static: WalkStatic, *arrays):
@@ -62,7 +64,7 @@ def _per_device(static: WalkStatic, *arrays):
     if static.triton:
         return _triton_op(static)(*arrays)
     assert not static.from_A, "the walk from A runs on the GPU only"
-    q, k, w, u, gc, _, _, h0, cu, ci = _split(static, arrays)
+    q, k, w, u, gc, _, h0, cu, ci = _split(static, arrays)
     B, H, K, V = u.shape[0], u.shape[2], q.shape[3], u.shape[3]
     N = B if cu is None else cu.shape[0] - 1
     h0 = jnp.zeros((N, H, K, V), jnp.float32) if h0 is None else state_to_k_major(h0, static.v_first)
@@ -76,11 +78,11 @@ def _triton_op(static: WalkStatic):
     layout = _layout(static)
 
     def fwd(*arrays):
-        q, k, w, u, gc, beta, qk, h0, cu, ci = _split(static, arrays)
+        q, k, w, u, gc, beta, h0, cu, ci = _split(static, arrays)
         o, final, *rest = chunk_fwd_triton(q, k, w, u, gc, h0, cu, scale=static.scale,
                                            output_final_state=static.final, state_v_first=static.v_first,
-                                           beta=beta, chunk_indices=ci, return_states=static.return_states,
-                                           qk=qk)
+                                           beta=beta, chunk_indices=ci, return_qk=static.return_qk,
+                                           return_states=static.return_states)
         return (o,) + ((final,) if static.final else ()) + tuple(rest)
 
     return vmappable(fwd, layout.operands, layout.results)
@@ -90,26 +92,26 @@ _partitioned = partitioned(_per_device, _layout)
 
 
 def chunk_walk(q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices, *, scale,
-               output_final_state, state_v_first, triton, beta=None, qk=None,
+               output_final_state, state_v_first, triton, beta=None, return_qk=False,
                return_states=False):
     """``(o, final_state or None)``: the walk over checked arrays (shapes as
     :func:`gdn_jax.chunk_jnp.chunk_walk_jnp`, states in the layout
     ``state_v_first`` says; ``initial_state`` may be None), on the Triton
     kernel or in jnp; ``scale`` a Python number. With ``beta [B, T, H]``
-    (float32) and ``qk``, the output's block ``[B, T, H, 64]``
-    (:func:`gdn_jax.intra_qk.intra_qk`; Triton only): ``w`` is ``A [B, T, H,
-    64]`` and ``u`` is ``v``, and the kernel forms ``v'`` from them and reads
-    the block (``kernels/chunk_fwd.py``, ``FROM_A``); with ``return_states``
+    (float32; Triton only): ``w`` is ``A [B, T, H, 64]`` and ``u`` is ``v``,
+    and the kernel forms ``v'`` from them (``kernels/chunk_fwd.py``, ``FROM_A``);
+    with ``return_qk`` too, ``qk`` after them: the output's block ``[B, T, H,
+    64]`` (``kernels/chunk_qk.py``) that walk read; with ``return_states``
     (Triton, fixed length) ``h, v_new`` last: the state entering every chunk
     ``[B, cdiv(T, 64), H, K, V]`` and ``v' [B, T, H, V]``, in u's dtype."""
-    assert (beta is None) == (qk is None), "the walk from A takes beta and the output block"
+    assert not return_qk or beta is not None, "the output block is the walk from A's"
     assert not return_states or (triton and cu_seqlens is None), "stored states: Triton, fixed length"
     static = WalkStatic(bool(triton), float(scale), initial_state is not None,
                         bool(output_final_state), cu_seqlens is not None, bool(state_v_first),
-                        u.shape[2] // q.shape[2], beta is not None, bool(return_states))
+                        u.shape[2] // q.shape[2], beta is not None, bool(return_qk), bool(return_states))
     if static.use_h0 and static.triton:
         initial_state = initial_state.astype(jnp.float32)
-    arrays = [x for x in (q, k, w, u, gc, beta, qk, initial_state, cu_seqlens, chunk_indices)
+    arrays = [x for x in (q, k, w, u, gc, beta, initial_state, cu_seqlens, chunk_indices)
               if x is not None]
     out = sharded_call(_partitioned, _per_device, static, _layout(static), arrays)
     o, final = out[0], (out[1] if static.final else None)

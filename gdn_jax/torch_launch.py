@@ -155,38 +155,36 @@ def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="t
     return Aqk
 
 
-def fwd_intra_A_qk_torch(q, k, a, beta, cu_seqlens=None, *, autotune=True, dot_precision="tf32",
+def fwd_intra_A_qk_torch(q, k, g, beta, cu_seqlens=None, *, autotune=True, dot_precision="tf32",
                          config=None):
-    """``(gc, A, Aqk)`` from one launch of ``kernels/fused_intra.py``'s
-    ``gdn_fwd_intra_A_qk_kernel``: ``gc [B, T, H]`` float32, the chunk-local
-    cumulative sums of the per-step log gates ``a [B, T, H]`` (any float
-    dtype); ``A`` as :func:`fwd_intra_torch` ``path="A"`` and the output block
-    as :func:`chunk_qk_torch` on that ``gc``, each ``[B, T, H, 64]`` in k's
-    dtype. ``q, k [B, T, Hg, K]``, ``beta [B, T, H]`` float32; ``config``
-    (kwargs) pins the config, else Triton's autotuner runs (``autotune=True``)
-    or the fixed config (as :func:`gdn_jax.chunk_launch.intra_qk_triton`)."""
+    """``(A, Aqk)``, each ``[B, T, H, 64]`` in k's dtype, from one launch of
+    ``kernels/fused_intra.py``'s ``gdn_fwd_intra_A_qk_kernel`` (an experiment:
+    ``A`` as :func:`fwd_intra_torch` ``path="A"`` and the output block as
+    :func:`chunk_qk_torch`, both from one kernel). ``q, k [B, T, Hg, K]``,
+    ``g [B, T, H]`` float32 chunk-local cumulative log gates, ``beta [B, T,
+    H]`` float32; ``config`` (kwargs) pins the config, else Triton's
+    autotuner runs (``autotune=True``) or the split's A kernel's fixed config."""
     import torch
 
     from .kernels.fused_intra import gdn_fwd_intra_A_qk_kernel
 
     B, T, Hg, K = k.shape
-    H = a.shape[2]
+    H = g.shape[2]
     varlen = cu_seqlens is not None
     dev = k.device
     dummy = torch.zeros(1, dtype=torch.int32, device=dev)
     ci = chunk_indices_torch(cu_seqlens, dev) if varlen else dummy
     A = torch.empty(B, T, H, 64, device=dev, dtype=k.dtype)
     Aqk = torch.empty_like(A)
-    gc = torch.empty(B, T, H, device=dev, dtype=torch.float32)
     NT = len(ci) if varlen else cdiv(T, 64)
     if NT * B * H == 0:
-        return gc, A, Aqk
-    kernel, kwargs = tuned_or_fixed(gdn_fwd_intra_A_qk_kernel, "A_qk", autotune,
-                                    None if config is None else {"A_qk": config})
+        return A, Aqk
+    kernel, kwargs = tuned_or_fixed(gdn_fwd_intra_A_qk_kernel, "A", autotune,
+                                    None if config is None else {"A": config})
     kernel[head_fastest_grid(NT, H, B)](
-        q, k, a, beta, dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, A, Aqk, gc, H=H, Hg=Hg,
-        K=K, BT=64, BC=BC, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **kwargs)
-    return gc, A, Aqk
+        q, k, g, beta, dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, A, Aqk, H=H, Hg=Hg,
+        K=K, BT=64, BC=BC, USE_G=True, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **kwargs)
+    return A, Aqk
 
 
 def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,

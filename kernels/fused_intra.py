@@ -291,49 +291,41 @@ def gdn_fwd_intra_A_kernel(
     store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
 
 
-# The A kernel with the chunk-local gate sums and the output's attention
-# block of kernels/chunk_qk.py: one launch for what the walk from A reads
-# (``kernels/chunk_fwd.py``, ``FROM_A``) but v and beta, in place of three
-# (XLA's cumulative sum of the gates, the A kernel, chunk_qk). Each program
-# sums its chunk's per-step log gates ``a`` of its value head (``tl.cumsum``,
-# float32) and stores them as ``gc``; after a barrier the A build and the
-# block read them back from L1/L2 in the 16-row pieces they take (the
-# barrier makes the CTA's own stores visible, as ``store_w_u`` relies on for
-# ``A``). The block is formed after A, whose registers are free by then, and
-# reads ``k`` again from L1/L2. From torch at the headline (H200, triton 3.6,
-# gates summed outside): 0.255 ms at BK=32, 1 warp, against 0.131 + 0.137
-# for the A kernel and chunk_qk (``benchmarks/chunk_fwd_probe.py --forms A``).
+# The A kernel with the output's attention block of kernels/chunk_qk.py
+# written beside A (per value head, after A, whose registers are free by
+# then): the block's q k^T reads k again from L1/L2 instead of in a second
+# launch, for the walk from A (``kernels/chunk_fwd.py``, ``FROM_A``). An
+# experiment against the A kernel and chunk_qk in turn
+# (``benchmarks/chunk_fwd_probe.py``); the package does not launch it.
 @triton.autotune(configs=A_CONFIGS, key=["H", "Hg", "K", "BC"])
 @triton.jit(do_not_specialize=["T"])
 def gdn_fwd_intra_A_qk_kernel(
     q,
     k,
-    a,
+    g,
     beta,
     cu_seqlens,
     chunk_indices,
     T,
     A,
     Aqk,
-    gc,
     H: tl.constexpr,
     Hg: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
     BK: tl.constexpr,
+    USE_G: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    tl.static_assert(USE_G, "the output block is gated: g is needed")
     i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= T:
         return
+    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t  # 64-bit: bos is
     m_t = i_t * BT + o_t < T
-    b_a = tl.load(a + rows * H + i_h, mask=m_t, other=0).to(tl.float32)  # rows past T: 0, summed last
-    tl.store(gc + rows * H + i_h, tl.cumsum(b_a, axis=0), mask=m_t)
-    tl.debug_barrier()
-    store_chunk_A(k, gc, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, True, DOT_PRECISION)
-    b_s = chunk_qk_product(q, k, rows, m_t, i_h // (H // Hg), Hg, K, BT, BK, DOT_PRECISION)
-    store_gated_qk(Aqk, b_s, gc, rows, m_t, i_h, H, BT)
+    b_a = chunk_qk_product(q, k, rows, m_t, i_h // (H // Hg), Hg, K, BT, BK, DOT_PRECISION)
+    store_gated_qk(Aqk, b_a, g, rows, m_t, i_h, H, BT)

@@ -153,10 +153,10 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "A kernel (split path)": triton_kernel(
         "fused_intra", "gdn_fwd_intra_A_kernel",
         lambda s: dict(k=BF, g=F32, beta=F32, **WORK, A=BF), lambda s: dict(**s.heads, BC=BC, **s.flags)),
-    "gate sums, A and the output block (the forward's)": triton_kernel(
+    "A kernel with the output block (experiment)": triton_kernel(
         "fused_intra", "gdn_fwd_intra_A_qk_kernel",
-        lambda s: dict(q=s.dtype, k=s.dtype, a=F32, beta=F32, **WORK, A=s.dtype, Aqk=s.dtype, gc=F32),
-        lambda s: dict(**s.heads, BC=BC, IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
+        lambda s: dict(q=BF, k=BF, g=F32, beta=F32, **WORK, A=BF, Aqk=BF),
+        lambda s: dict(**s.heads, BC=BC, **s.flags)),
     "gluon_intra (impl='gluon')": gluon_kernel,
     **{name: triton_kernel(
         "chunk_fwd", "gdn_chunk_fwd_kernel",

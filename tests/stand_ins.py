@@ -86,17 +86,6 @@ def qk_block(q, k, gc, cu):
     return scatter(a).astype(q.dtype)
 
 
-def intra_qk_launch(q, k, a, beta, cu=None, ci=None):
-    """``kernels/fused_intra.py``'s launch of the gate sums, ``A`` and the
-    output's block (``gdn_jax.chunk_launch.intra_qk_triton``), in jnp."""
-    from gdn_jax.chunk_jnp import chunk_local_cumsum
-
-    gc = chunk_local_cumsum(a, cu, ci).astype(jnp.float32)
-    no_v = jnp.zeros(a.shape + (1,), k.dtype)  # fwd_intra's u, not used
-    A = fwd_intra_jnp(k, no_v, gc, beta, cu_seqlens=cu, chunk_indices=ci)[2].astype(k.dtype)
-    return gc, A, qk_block(q, k, gc, cu).astype(k.dtype)
-
-
 def chunk_states(k, w, u, gc, h0, dtype):
     """The state entering every chunk ``[B, NT, H, K, V]`` and ``v' [B, T, H,
     V]`` of a fixed-length walk in jnp, in ``dtype`` (v's: as the kernel stores them)."""
@@ -112,20 +101,16 @@ def chunk_states(k, w, u, gc, h0, dtype):
 
 
 def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first, beta=None,
-                chunk_indices=None, return_states=False, qk=None):
+                chunk_indices=None, return_qk=False, return_states=False):
     """The chunk walk's Triton launch, by the jnp walk. From ``A, v, beta``
-    and ``qk`` (``beta`` given): ``w, u`` by the jnp ``fwd_intra``, whose
-    ``A`` the launch was given, on the chunk list the launch was given when
-    packed; ``qk`` (the block of :func:`intra_qk_launch`) must be these
-    inputs' output block (:func:`qk_block`), else the output is NaN (a block
-    that reached the walk misplaced); ``return_states``: with the chunk
-    states and ``v'`` (:func:`chunk_states`)."""
+    (``beta`` given): ``w, u`` by the jnp ``fwd_intra``, whose ``A`` the
+    launch was given, on the chunk list the launch was given when packed;
+    ``return_qk``: with the output's block (:func:`qk_block`);
+    ``return_states``: with the chunk states and ``v'`` (:func:`chunk_states`)."""
     from gdn_jax.chunk_jnp import chunk_walk_jnp
 
     assert not (return_states and cu is not None), "stored states: fixed length only"
-    assert (beta is None) == (qk is None), "the walk from A takes beta and the output block"
-    misplaced = False if qk is None else ~jnp.allclose(
-        qk.astype(jnp.float32), qk_block(q, k, gc, cu).astype(jnp.float32), rtol=1e-2, atol=1e-2)
+    qk = qk_block(q, k, gc, cu) if return_qk else None
     dtype = u.dtype
 
     if beta is not None:
@@ -137,9 +122,8 @@ def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_fi
     swap = (lambda x: jnp.swapaxes(x, -1, -2)) if state_v_first else (lambda x: x)  # noqa: E731
     ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, u.shape[1])
     o, final = chunk_walk_jnp(q, k, w, u, gc, swap(h0), cu, ci, scale=scale)
-    o = jnp.where(misplaced, jnp.nan, o)
     states = chunk_states(k, w, u, gc, swap(h0), dtype) if return_states else ()
-    return (o, swap(final)) + states
+    return (o, swap(final)) + ((qk,) if return_qk else ()) + states
 
 
 def bwd_launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale, qk=None, h=None, v_new=None):
@@ -169,11 +153,10 @@ def gpu_path_on_this_cpu():
     tests/context_parallel_cases.py): a GPU reported and every launch of the
     GPU path (fwd_intra, the walk, the backward) replaced by its jnp
     stand-in, refusing batched inputs as jax-triton does."""
-    from gdn_jax import chunk_bwd, chunk_walk, intra_qk
+    from gdn_jax import chunk_bwd, chunk_walk
 
     backend.cuda_available = lambda: True
     sharding.fwd_intra_triton = unbatchable(intra_launch)
-    intra_qk.intra_qk_triton = unbatchable(intra_qk_launch)
     chunk_walk.chunk_fwd_triton = unbatchable(walk_launch)
     chunk_bwd.chunk_bwd_triton = unbatchable(bwd_launch)
 
@@ -192,17 +175,14 @@ def triton_launch_as_reference(monkeypatch):
 @pytest.fixture
 def chunk_kernel_as_reference(triton_launch_as_reference, monkeypatch):
     """The whole forward's Triton path on this CPU: fwd_intra's launch as above,
-    and the launches of the gate sums with ``A`` and the output block, and of
-    the chunk walk, replaced by jnp, refusing batched inputs as jax-triton does."""
-    from gdn_jax import chunk_walk, intra_qk
+    and the chunk walk's launch replaced by the jnp walk, refusing batched
+    inputs as jax-triton does."""
+    from gdn_jax import chunk_walk
 
     monkeypatch.setattr(chunk_walk, "chunk_fwd_triton", unbatchable(walk_launch))
-    monkeypatch.setattr(intra_qk, "intra_qk_triton", unbatchable(intra_qk_launch))
     chunk_walk._triton_op.cache_clear()
-    intra_qk._triton_op.cache_clear()
     yield
     chunk_walk._triton_op.cache_clear()
-    intra_qk._triton_op.cache_clear()
 
 
 @pytest.fixture

@@ -25,7 +25,6 @@ ROWS = {  # scripts/ptxas_report.py's row -> the kernel's name in gdn_jax.autotu
     "chunk walk (chunk_fwd)": "chunk_fwd",
     "chunk walk from A (chunk_fwd, FROM_A)": "chunk_fwd",
     "chunk output block (chunk_qk)": "chunk_qk",
-    "gate sums, A and the output block (the forward's)": "A_qk",
     "backward reverse walk (chunk_bwd_walk)": "chunk_bwd_walk",
     "backward per chunk (chunk_bwd_local)": "chunk_bwd_local",
     "backward WY (wy_bwd)": "wy_bwd",
