@@ -59,8 +59,8 @@ UNTUNED = {
     "chunk_fwd": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
     "chunk_qk": dict(num_warps=2, num_stages=2),
     "chunk_bwd_walk": dict(BV=32, num_warps=4, num_stages=2),
-    "chunk_bwd_local": dict(V_STAGES=1, num_warps=4, num_stages=2),
-    "wy_bwd": dict(V_STAGES=1, num_warps=4, num_stages=2),
+    "chunk_bwd_local": dict(num_warps=4, num_stages=2),
+    "wy_bwd": dict(num_warps=4, num_stages=2),
     "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
 }
 # ... for float32 inputs, where a kernel's fixed config above asks more shared
@@ -83,7 +83,7 @@ UNTUNED_MANY_PROGRAMS = {
 # ``K`` constexpr): the WY backward at 8 warps at K = V = 256 (0.322 ms
 # against 0.653 at 4, B=2 T=4096 H=16, torch launch, bf16).
 UNTUNED_WIDE_KEYS = {
-    "wy_bwd": (256, dict(V_STAGES=1, num_warps=8, num_stages=2)),
+    "wy_bwd": (256, dict(num_warps=8, num_stages=2)),
 }
 
 

@@ -40,16 +40,22 @@ def value_block(V: int, itemsize: int) -> int:
     return min(_pow2(V), 512 // itemsize)
 
 
-def value_blocks(K: int, V: int, itemsize: int) -> tuple[int, int]:
-    """``(BV of the per-chunk kernel, BV of the WY kernel)``, within
-    :func:`value_block`, as measured on the H200 (triton 3.6, bf16): the
-    per-chunk kernel at most 128 columns (0.659 ms against 0.718 in one
-    block at K = V = 256, B=2 T=4096 H=16, torch launch,
-    ``benchmarks/chunk_bwd_probe.py``); the WY kernel the widest block (at
-    B=8 T=4096 H=32, 64 columns took 0.970 against 1.036 ms from torch but
-    0.905 against 0.874 under JAX, ``benchmarks/kernel_breakdown.py``)."""
+def value_blocks(K: int, V: int, itemsize: int) -> tuple[int, int, int]:
+    """``(BV of the per-chunk kernel, BV of the WY kernel, V_STAGES)``, within
+    :func:`value_block`. For 2-byte inputs with ``K <= 128`` and ``64 < V <=
+    128``: blocks of 64 columns in a loop Triton software-pipelines at 2
+    stages (``V_STAGES``; on an H100, triton 3.6, B=8 T=4096 H=32 K=V=128,
+    torch launch, ``benchmarks/chunk_bwd_probe.py``: per-chunk 1.275 ms
+    against 1.477 in one unrolled block, WY 0.904 against 1.123). Else, as
+    measured on the H200 (triton 3.6, bf16), unrolled: the per-chunk kernel
+    at most 128 columns (0.659 ms against 0.718 in one block at K = V = 256,
+    B=2 T=4096 H=16, torch launch); the WY kernel the widest block (at B=8
+    T=4096 H=32, unrolled blocks of 64 took 0.970 against 1.036 ms from
+    torch but 0.905 against 0.874 under JAX, ``benchmarks/kernel_breakdown.py``)."""
     widest = value_block(V, itemsize)
-    return min(widest, 128), widest
+    if itemsize == 2 and K <= 128 and 64 < _pow2(V) <= 128:
+        return 64, 64, 2
+    return min(widest, 128), widest, 1
 
 
 def partials_in_input_dtype(dtype_name: str) -> bool:
@@ -88,7 +94,7 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     BK = _pow2(K)
     BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
     NK = cdiv(K, BKl)
-    BVl, BVw = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk and WY kernels' V blocks
+    BVl, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk and WY kernels' V blocks
     check_grid("backward", (grid[0] * NK, grid[1]),
                ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
@@ -131,13 +137,13 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
         grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
-        DOT_PRECISION=prec)
+        DOT_PRECISION=prec, V_STAGES=v_stages)
     dk_wy, dv, dbeta, dg_wy = launch(
         "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
         out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
              jax.ShapeDtypeStruct(gc.shape, f32)),
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BVw, IS_VARLEN=varlen,
-        DOT_PRECISION=prec)
+        DOT_PRECISION=prec, V_STAGES=v_stages)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
             dg.sum(0) + dg_wy, dbeta, dh0)

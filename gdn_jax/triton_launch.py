@@ -167,9 +167,10 @@ def launch(name: str, kernel, operands, *, out, grid, tune_key=(), **kwargs):
     its constexprs (``kwargs``), dtypes and ``tune_key`` (hashable, more of the
     launch that the best config depends on); ``operands`` end with the scalar
     ``T``. ``grid``: a tuple, or a function of the launch's constexprs and
-    config (as jax-triton takes it)."""
+    config (as jax-triton takes it). A constexpr in the config (a
+    ``GDN_JAX_FIXED_CONFIGS`` override's ``BV``, say) replaces the launch's."""
     def run(ops, **config):
-        return triton_call(*ops, kernel=kernel.fn, out=out, grid=grid, **kwargs, **config)
+        return triton_call(*ops, kernel=kernel.fn, out=out, grid=grid, **{**kwargs, **config})
 
     return run(operands, **chosen_config(name, kernel.configs, operands, run,
                                          tuple(sorted(kwargs.items())) + tuple(tune_key),

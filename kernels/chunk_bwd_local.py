@@ -55,7 +55,7 @@ def value_block_sums(b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, 
 
 
 @triton.autotune(
-    configs=[triton.Config({"V_STAGES": 1}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
+    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
     key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN"],
 )
 @triton.jit(do_not_specialize=["T"])

@@ -42,7 +42,7 @@ def value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V: tl.const
 
 
 @triton.autotune(
-    configs=[triton.Config({"V_STAGES": 1}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
+    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
     key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN"],
 )
 @triton.jit(do_not_specialize=["T"])

@@ -186,12 +186,14 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
                        dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=s.dtype,
                        dk=s.dtype, dw=s.dtype, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=value_blocks(s.K, s.K, s.itemsize)[0],
+                       V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2],
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "backward WY (wy_bwd)": triton_kernel(
         "wy_bwd", "gdn_wy_bwd_kernel",
         lambda s: dict(k=s.dtype, v=s.dtype, beta=F32, gc=F32, A=s.dtype, dw=s.dtype, du=s.dtype,
                        cu_seqlens=I32, chunk_indices=I32, T="i32", dk=s.dtype, dv=s.dtype, dbeta=F32, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, BV=value_blocks(s.K, s.K, s.itemsize)[1],
+                       V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2],
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "decode (fused_recurrent)": triton_kernel(
         "fused_recurrent", "gdn_fused_recurrent_kernel",
