@@ -146,8 +146,10 @@ def main():
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ours, arrays, fla = steps(*SHAPES[args.shape], with_fla=not args.no_fla)
-    result = dict(shape=args.shape, reps=args.reps, jax=jax.__version__,
-                  autotuned=gdn_jax.autotune.autotune_enabled(), steps={})
+    import triton
+
+    result = dict(shape=args.shape, reps=args.reps, device=jax.devices()[0].device_kind, jax=jax.__version__,
+                  triton=triton.__version__, autotuned=gdn_jax.autotune.autotune_enabled(), steps={})
     for step, fn in ours.items():
         times, lines = jax_kernel_ms(fn, arrays, args.reps)
         progress(f"{step}: gdn_jax profiled")
