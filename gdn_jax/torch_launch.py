@@ -312,7 +312,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
     local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **{"BV": BVl, "V_STAGES": v_stages, **local_config})
+        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
+        **{"BV": BVl, "V_STAGES": v_stages, **local_config})
     dk_wy = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
@@ -320,7 +321,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
-        BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
+        BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
+        **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
     heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
     return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
 

@@ -97,7 +97,7 @@ def test_reverse_walk_forming_qk():
 def test_per_chunk_kernel_in_narrower_key_blocks():
     """The per-chunk kernel's ``BK`` at 16 (four K blocks at K = 64, the
     launch's ``dg`` rows per block summed), packed with a partial chunk."""
-    configs = {"chunk_bwd_local": dict(V_STAGES=1, num_warps=4, num_stages=2, BK=16)}
+    configs = {"chunk_bwd_local": dict(num_warps=4, num_stages=2, BK=16)}
     run("float32", 1, 150, 1, 2, 64, 16, cu=[0, 1, 70, 150], seed=11, configs=configs)
 
 
