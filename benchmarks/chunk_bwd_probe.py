@@ -6,11 +6,12 @@ time (torch.profiler), and the gradients against the first config's.
 
     python benchmarks/chunk_bwd_probe.py [--shape headline] [--configs SPEC;SPEC...] [--out DIR]
 
-A SPEC is ``name=warps:stages:maxnreg[:BV[:BK[:V_STAGES]]][,name=...]``
+A SPEC is ``name=warps:stages:maxnreg[:BV[:BK[:V_STAGES[:TRANSPOSED]]]]][,name=...]``
 (``maxnreg`` 0: no cap; ``BV`` the kernel's block of value columns where it
 has one, ``BK`` the per-chunk kernel's key columns, ``V_STAGES`` the
-per-chunk and WY kernels' V loop software-pipelined at that many stages;
-a 0 among the last three keeps the launch's own; names as
+per-chunk and WY kernels' V loop software-pipelined at that many stages,
+``TRANSPOSED`` 1 the reverse walk's transposed form;
+a 0 among the last four keeps the launch's own; names as
 in ``gdn_jax.autotune.UNTUNED``; a kernel left out keeps its fixed config),
 with ``qk=0`` (the reverse walk forms ``q k^T`` itself) and ``A=0`` (``w, u``
 rebuilt for both walks) for the kernels' other forms
@@ -39,11 +40,10 @@ CONFIGS = ";".join([
     "",  # the fixed configs
     "A=0,qk=0",
     "A=0",
+    "chunk_bwd_walk=4:2:0:64:0:0:1",
+    "chunk_bwd_walk=8:2:0:64:0:0:1",
     "chunk_bwd_walk=4:2:0:16",
-    "chunk_bwd_walk=8:2:0:16",
     "chunk_bwd_walk=8:2:0:32",
-    "chunk_bwd_walk=8:2:0:64",
-    "wy_bwd=4:2:0",
 ])
 
 
@@ -58,7 +58,8 @@ def parse(spec: str) -> tuple[dict, dict]:
         warps, stages, maxnreg, *blocks = map(int, values.split(":"))
         configs[name] = dict(UNTUNED[name], num_warps=warps, num_stages=stages,
                              **({"maxnreg": maxnreg} if maxnreg else {}),
-                             **{n: x for n, x in zip(("BV", "BK", "V_STAGES"), blocks) if x})
+                             **{n: x for n, x in zip(("BV", "BK", "V_STAGES"), blocks) if x},
+                             **({"TRANSPOSED": True} if blocks[3:4] == [1] else {}))
     return configs, forms
 
 

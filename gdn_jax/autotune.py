@@ -58,7 +58,7 @@ UNTUNED = {
     "A": dict(BK=64, num_warps=1),
     "chunk_fwd": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
     "chunk_qk": dict(num_warps=2, num_stages=2),
-    "chunk_bwd_walk": dict(BV=32, num_warps=4, num_stages=2),
+    "chunk_bwd_walk": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
     "chunk_bwd_local": dict(num_warps=4, num_stages=2),
     "wy_bwd": dict(num_warps=4, num_stages=2),
     "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
@@ -67,15 +67,17 @@ UNTUNED = {
 # memory than an sm_90 program has (the reverse walk at BV=32 reading A and
 # chunk_qk's block: 238340 bytes on triton 3.6, past 232448) ...
 UNTUNED_FLOAT32 = {
-    "chunk_bwd_walk": dict(BV=16, num_warps=4, num_stages=2),
+    "chunk_bwd_walk": dict(BV=16, TRANSPOSED=False, num_warps=4, num_stages=2),
 }
 # ... and where many programs run (a launch's ``("programs", N * H bucket)``
 # tune key at or past the first number; not float32, whose tiles at BV=64 ask
 # 246276 bytes of shared memory): the walk's pick at B=8 T=4096 and
 # T=32768 in 8 sequences (the transposed form, BV=64), against the row form
-# with BV=32 at one long sequence (docs/performance.md).
+# with BV=32 at one long sequence (docs/performance.md); the reverse walk's
+# transposed form likewise.
 UNTUNED_MANY_PROGRAMS = {
     "chunk_fwd": (128, dict(BV=64, TRANSPOSED=True, num_warps=4, num_stages=2)),
+    "chunk_bwd_walk": (128, dict(BV=64, TRANSPOSED=True, num_warps=4, num_stages=2)),
 }
 
 

@@ -108,3 +108,20 @@ def test_value_blocks_in_a_pipelined_loop(dtype):
     (``V_STAGES=2``), packed with empty and one-row sequences."""
     configs = {name: dict(V_STAGES=2, BV=16, num_warps=4, num_stages=2) for name in ("chunk_bwd_local", "wy_bwd")}
     run(dtype, 1, 150, 1, 2, 32, 40, cu=[0, 0, 1, 70, 150], seed=12, configs=configs)
+
+
+@pytest.mark.parametrize("qk_in,from_A", [(True, True), (False, True), (True, False), (False, False)])
+def test_reverse_walk_transposed(qk_in, from_A):
+    """The reverse walk's transposed form (``TRANSPOSED``: ``dS^T`` on chip),
+    each input form, packed with empty and one-row sequences, V = 40 in
+    three blocks of 16 columns (the last masked)."""
+    configs = {"chunk_bwd_walk": dict(BV=16, TRANSPOSED=True, num_warps=4, num_stages=2)}
+    run("float32", 1, 150, 1, 2, 32, 40, cu=[0, 0, 1, 70, 150], seed=13, configs=configs, qk_in=qk_in,
+        from_A=from_A)
+
+
+@pytest.mark.parametrize("dtype", list(TORCH))
+def test_reverse_walk_transposed_fixed_length(dtype):
+    """The transposed reverse walk on fixed-length rows, GQA 2, T not a multiple of 64."""
+    configs = {"chunk_bwd_walk": dict(BV=16, TRANSPOSED=True, num_warps=4, num_stages=2)}
+    run(dtype, 2, 130, 1, 2, 32, 32, seed=14, configs=configs)

@@ -95,6 +95,21 @@ def test_packed(dtype, record_errors):
           record=record_errors)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_many_programs(dtype, packed, record_errors):
+    """``N * H`` of 128 and more: the walks' fixed configs switch to their
+    transposed forms there (``gdn_jax.autotune.UNTUNED_MANY_PROGRAMS``, not
+    float32); packed: 33 sequences, empty and one-row ones among them."""
+    if packed:
+        lens = np.random.default_rng(40).integers(0, 90, 33)
+        lens[:3] = (0, 1, 64)
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        check(dtype, 1, int(cu[-1]), 2, 4, cu=cu, seed=41, record=record_errors)
+    else:
+        check(dtype, 32, 130, 2, 4, seed=42, record=record_errors)
+
+
 @pytest.mark.parametrize("K,V", [(64, 64), (256, 256), (64, 128)])
 def test_head_dims(K, V, record_errors):
     check("bfloat16", 1, 300, 2, 4, K, V, seed=K + V, record=record_errors)
