@@ -55,7 +55,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
 from bench_fwd_intra import (copy_bandwidth, jax_dispatch_ms, timed_in_turn, torch_triton_cache,  # noqa: E402
                              wall_median)
-from gdn_jax.chunk_jnp import chunk_local_cumsum  # noqa: E402
 from gdn_jax.sharding import fwd_intra_sharded  # noqa: E402
 
 # In this order the fixed-length K = 128 shapes come first: after the first,
@@ -223,9 +222,10 @@ def bench_shape(name, B, T, Hg, H, K, V, lens, bw, rate, with_reference):
 
     def intra(k, v, g, beta, cu):
         ci = None if cu is None else gdn_jax.chunk_indices.chunk_indices_in_graph(cu, T)
-        gc = chunk_local_cumsum(g, cu, ci)
-        # what the forward runs of fwd_intra: A alone (the walk forms v' from it, kernels/chunk_fwd.py)
-        return fwd_intra_sharded(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl="A")
+        # what the forward runs of fwd_intra: A alone (the walk forms v' from it, kernels/chunk_fwd.py),
+        # on the per-step gates, which the kernel sums itself (SUM_G: no cumsum in XLA)
+        return fwd_intra_sharded(k, v, g.astype(jnp.float32), beta, cu_seqlens=cu, chunk_indices=ci,
+                                 impl="A", sum_g=True)
 
     jax_call("fwd_intra", intra, k, v, g, beta, cu)
     if with_reference:

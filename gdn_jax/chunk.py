@@ -5,7 +5,9 @@ Steps (chunks of 64 tokens that never cross a sequence boundary):
 1. the options (:mod:`gdn_jax.options`): q/k L2 norm, the gate from its raw
    input, beta from logits;
 2. ``gc``, the chunk-local cumulative sum of the per-step log gates
-   (:func:`gdn_jax.chunk_jnp.chunk_local_cumsum`);
+   (:func:`gdn_jax.chunk_jnp.chunk_local_cumsum`; on the GPU path the
+   forward's kernels take the per-step gates and sum them themselves,
+   ``SUM_G``, and ``gc`` is the backward's alone);
 3. ``w, u = fwd_intra(k, v, gc, beta)`` (:func:`gdn_jax.fwd_intra`);
 4. the walk over chunks with the state on chip and the output of every chunk
    (:func:`gdn_jax.chunk_walk.chunk_walk`: ``kernels/chunk_fwd.py`` on an

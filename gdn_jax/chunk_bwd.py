@@ -124,21 +124,26 @@ def core_forward(static, q, k, v, a, beta, h0, cu, ci, save_states=False):
     the walk on ``w``, ``u``. ``save_states`` (the forward of ``jax.grad``):
     that walk also stores the chunk states and ``v'`` for the backward where
     the batch has fixed length and ``v`` is bfloat16 or float16 (0.19 ms more
-    at B=8 T=4096 against 0.59 for the backward's recompute; ``docs/design.md``)."""
+    at B=8 T=4096 against 0.59 for the backward's recompute; ``docs/design.md``).
+    On that "auto" path the kernels take the per-step gates and sum them
+    within each chunk themselves (``SUM_G``): XLA's cumsum ``gc`` is then the
+    backward's residual alone, dead code without a gradient (two small XLA
+    fusions and their launch gaps less in inference)."""
     gc = chunk_local_cumsum(a, cu, ci)  # float32 (float64 for float64 a): the kernels take float32
     gc = gc if static.impl == "reference" else gc.astype(jnp.float32)
     walk = functools.partial(chunk_walk, scale=static.scale, output_final_state=static.final,
                              state_v_first=static.v_first, triton=static.walk_triton)
     qk = states = None
     if static.walk_triton and static.impl == "auto":
-        (A,) = fwd_intra_sharded(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl="A")
+        a32 = a.astype(jnp.float32)  # the per-step gates: the kernels sum them (SUM_G), not XLA
+        (A,) = fwd_intra_sharded(k, v, a32, beta, cu_seqlens=cu, chunk_indices=ci, impl="A", sum_g=True)
         # the output block the walk reads, kept for the backward's reverse walk
         # ([B, T, H, 64], a quarter of v's bytes at V = 128) instead of formed again
         # float32: the walk's tiles with both stores ask more shared memory
         # than an sm_90 program has at its fixed config (238084 of 232448 bytes)
         save = save_states and cu is None and jnp.dtype(v.dtype).itemsize == 2
-        o, final, qk, *states = walk(q, k, A, v, gc, h0, cu, ci, beta=beta.astype(jnp.float32),
-                                     return_qk=True, return_states=save)
+        o, final, qk, *states = walk(q, k, A, v, a32, h0, cu, ci, beta=beta.astype(jnp.float32),
+                                     return_qk=True, return_states=save, sum_g=True)
         out, states = (o, final), (tuple(states) if save else None)
     else:
         w, u, A = fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl=static.impl)

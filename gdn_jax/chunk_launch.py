@@ -82,12 +82,14 @@ def chunk_qk_block(K: int) -> int:
     return min(128, max(16, 1 << (K - 1).bit_length()))
 
 
-def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
+def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None, *, sum_g=False):
     """``Aqk [B, T, H, 64]`` in q's dtype (``kernels/chunk_qk.py``): per chunk
     and value head the output's masked, gated ``q k^T``, laid out as
     ``fwd_intra``'s ``A``. ``q, k [B, T, Hg, K]``, ``gc [B, T, H]`` float32
-    chunk-local cumulative log gates; a packed batch (``B == 1``) gives
-    ``cu_seqlens`` and its ``chunk_indices``."""
+    chunk-local cumulative log gates, or with ``sum_g`` the per-step log
+    gates ``[B, T, H]`` float32, which the kernel sums within each chunk
+    (``SUM_G``); a packed batch (``B == 1``) gives ``cu_seqlens`` and its
+    ``chunk_indices``."""
     from .kernels.chunk_qk import gdn_chunk_qk_kernel
 
     B, T, Hg, K = k.shape
@@ -102,12 +104,12 @@ def chunk_qk_triton(q, k, gc, cu_seqlens=None, chunk_indices=None):
                   (q, k, gc, cu_seqlens if varlen else dummy, chunk_indices if varlen else dummy, T),
                   out=jax.ShapeDtypeStruct((B, T, H, BT), q.dtype), grid=grid, H=H, Hg=Hg, K=K, BT=BT,
                   BK=chunk_qk_block(K), IS_VARLEN=varlen,
-                  DOT_PRECISION=dot_precision())
+                  DOT_PRECISION=dot_precision(), SUM_G=bool(sum_g))
 
 
 def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk_offsets=None, *,
                       scale, write_o=True, store_final=True, store_h=False, store_v=False,
-                      state_v_first=False, beta=None, chunk_indices=None, qk=None):
+                      state_v_first=False, beta=None, chunk_indices=None, qk=None, sum_g=False):
     """``(o, final_state, h, v_new)`` of the chunk walk (``kernels/chunk_fwd.py``),
     each None where not asked for.
 
@@ -123,7 +125,10 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
         packed batch's chunk list (:func:`gdn_jax.prepare_chunk_indices`).
       qk: with ``beta`` and ``write_o``, the output's block of
         :func:`chunk_qk_triton` on these ``q, k, gc``, or None (computed here).
-      gc: ``[B, T, H]`` float32 chunk-local cumulative log gates.
+      gc: ``[B, T, H]`` float32 chunk-local cumulative log gates, or with
+        ``sum_g`` the per-step log gates ``[B, T, H]`` float32, which the
+        kernels sum within each chunk themselves (``SUM_G``; a given ``qk``
+        is then the block of these gates' sums).
       initial_state: ``[N, H, K, V]`` float32 (``[N, H, V, K]`` with
         ``state_v_first``), or None for zeros.
       cu_seqlens: ``[N + 1]`` int32 of a packed batch (``B == 1``), or None;
@@ -156,7 +161,7 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
         return tuple(x if want else None for x, want in zip(outs, wanted))
     check_chunk_grid(N, H, V)
     kwargs = dict(scale=scale, write_o=write_o, store_final=store_final, store_h=store_h,
-                  store_v=store_v, state_v_first=state_v_first)
+                  store_v=store_v, state_v_first=state_v_first, sum_g=sum_g)
     _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, chunk_offsets, beta=beta,
                         chunk_indices=chunk_indices, **kwargs)
     from .kernels.chunk_fwd import gdn_chunk_fwd_kernel
@@ -166,7 +171,7 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
     if beta is None or not write_o:
         qk = dummy
     elif qk is None:
-        qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
+        qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices, sum_g=sum_g)
     operands = (q, k, w, u, gc, dummy if beta is None else beta, qk,
                 dummy if initial_state is None else initial_state,
                 dummy if cu_seqlens is None else cu_seqlens,
@@ -176,26 +181,29 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
                   tune_key=("programs", programs_bucket(N, H)),
                   **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, store_final,
                                          varlen, state_v_first, dot_precision()),
-                  WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, FROM_A=beta is not None)
+                  WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, FROM_A=beta is not None,
+                  SUM_G=bool(sum_g))
     return tuple(x if want else None for x, want in zip(outs, wanted))
 
 
 def chunk_fwd_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
                      output_final_state=True, state_v_first=False, beta=None, chunk_indices=None,
-                     return_qk=False, return_states=False):
+                     return_qk=False, return_states=False, sum_g=False):
     """``(o, final_state or None)``: :func:`chunk_walk_triton` writing the output
     (from ``w, u``, or from ``A, v`` with ``beta``); with ``return_qk`` (and
     ``beta``) ``qk`` after them, the output's block the walk read
     (:func:`chunk_qk_triton`, ``[B, T, H, 64]`` in q's dtype); with
     ``return_states`` (fixed length) ``h, v_new`` last, the state entering
     every chunk ``[B, cdiv(T, 64), H, K, V]`` and ``v' [B, T, H, V]``, in u's
-    dtype. The backward reads both again."""
+    dtype. The backward reads both again. ``sum_g``: ``gc`` holds the
+    per-step log gates ``[B, T, H]`` float32, summed within each chunk by
+    both kernels (``SUM_G``)."""
     assert not (return_states and cu_seqlens is not None), "packed batches' states are recomputed"
-    qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices) if return_qk else None
+    qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices, sum_g=sum_g) if return_qk else None
     o, final, h, v_new = chunk_walk_triton(q, k, w, u, gc, initial_state, cu_seqlens, scale=scale,
                                            store_final=output_final_state, store_h=return_states,
                                            store_v=return_states, state_v_first=state_v_first,
-                                           beta=beta, chunk_indices=chunk_indices, qk=qk)
+                                           beta=beta, chunk_indices=chunk_indices, qk=qk, sum_g=sum_g)
     out = (o, final) + ((qk,) if return_qk else ())
     if return_states:
         B, T = u.shape[:2]

@@ -33,6 +33,7 @@ class WalkStatic(NamedTuple):
     from_A: bool = False  # A, v (and beta) in place of w, u: the kernel forms v' (Triton only)
     return_qk: bool = False  # also the output's block the walk from A read (for the backward)
     return_states: bool = False  # also the chunk states and v' (for the backward; fixed length, Triton)
+    sum_g: bool = False  # gc holds the per-step log gates, summed in the kernels (Triton only)
 
 
 def _layout(static: WalkStatic) -> Layout:
@@ -82,7 +83,7 @@ def _triton_op(static: WalkStatic):
         o, final, *rest = chunk_fwd_triton(q, k, w, u, gc, h0, cu, scale=static.scale,
                                            output_final_state=static.final, state_v_first=static.v_first,
                                            beta=beta, chunk_indices=ci, return_qk=static.return_qk,
-                                           return_states=static.return_states)
+                                           return_states=static.return_states, sum_g=static.sum_g)
         return (o,) + ((final,) if static.final else ()) + tuple(rest)
 
     return vmappable(fwd, layout.operands, layout.results)
@@ -93,7 +94,7 @@ _partitioned = partitioned(_per_device, _layout)
 
 def chunk_walk(q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices, *, scale,
                output_final_state, state_v_first, triton, beta=None, return_qk=False,
-               return_states=False):
+               return_states=False, sum_g=False):
     """``(o, final_state or None)``: the walk over checked arrays (shapes as
     :func:`gdn_jax.chunk_jnp.chunk_walk_jnp`, states in the layout
     ``state_v_first`` says; ``initial_state`` may be None), on the Triton
@@ -103,12 +104,16 @@ def chunk_walk(q, k, w, u, gc, initial_state, cu_seqlens, chunk_indices, *, scal
     with ``return_qk`` too, ``qk`` after them: the output's block ``[B, T, H,
     64]`` (``kernels/chunk_qk.py``) that walk read; with ``return_states``
     (Triton, fixed length) ``h, v_new`` last: the state entering every chunk
-    ``[B, cdiv(T, 64), H, K, V]`` and ``v' [B, T, H, V]``, in u's dtype."""
+    ``[B, cdiv(T, 64), H, K, V]`` and ``v' [B, T, H, V]``, in u's dtype.
+    ``sum_g`` (Triton only): ``gc`` holds the per-step log gates ``[B, T,
+    H]`` float32, which the kernels sum within each chunk (``SUM_G``)."""
     assert not return_qk or beta is not None, "the output block is the walk from A's"
     assert not return_states or (triton and cu_seqlens is None), "stored states: Triton, fixed length"
+    assert not sum_g or triton, "per-step gates are summed in the kernels (Triton only)"
     static = WalkStatic(bool(triton), float(scale), initial_state is not None,
                         bool(output_final_state), cu_seqlens is not None, bool(state_v_first),
-                        u.shape[2] // q.shape[2], beta is not None, bool(return_qk), bool(return_states))
+                        u.shape[2] // q.shape[2], beta is not None, bool(return_qk), bool(return_states),
+                        bool(sum_g))
     if static.use_h0 and static.triton:
         initial_state = initial_state.astype(jnp.float32)
     arrays = [x for x in (q, k, w, u, gc, beta, initial_state, cu_seqlens, chunk_indices)

@@ -251,6 +251,7 @@ class Static(NamedTuple):
     use_g: bool  # g given
     varlen: bool  # cu_seqlens and chunk_indices given
     ratio: int  # GQA: H // Hg
+    sum_g: bool = False  # g holds the per-step log gates, summed in the kernel (impl "A" only)
 
 
 def _intra_layout(static: Static) -> Layout:
@@ -280,7 +281,7 @@ def _triton_op(static: Static):
     def fwd(*arrays):
         k, v, g, beta, cu, ci = split_arrays(arrays, static.use_g, static.varlen)
         return fwd_intra_triton(k, v, g, beta, cu_seqlens=cu, chunk_size=static.chunk_size,
-                                chunk_indices=ci, path=static.impl)
+                                chunk_indices=ci, path=static.impl, sum_g=static.sum_g)
 
     op = jax.custom_jvp(vmappable(fwd, layout.operands, layout.results,
                                   chunk_size=static.chunk_size))
@@ -298,9 +299,11 @@ _fwd_intra_partitioned = partitioned(_per_device, _intra_layout)
 
 
 def fwd_intra_sharded(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
-                      impl="reference"):
+                      impl="reference", sum_g=False):
     """``fwd_intra`` that the SPMD partitioner splits over batch and heads
-    (``impl="A"``: ``(A,)`` alone, from the split path's A kernel; GPU only).
+    (``impl="A"``: ``(A,)`` alone, from the split path's A kernel; GPU only;
+    with ``sum_g``, ``g`` holds the per-step log gates ``[B, T, H]`` float32
+    and the kernel sums them within each chunk, ``SUM_G``).
 
     Inputs as :func:`gdn_jax.fwd_intra`, already checked, ``impl`` resolved to
     a path (``"gluon"``, ``"triton"``, ``"split"``, ``"seed"`` or
@@ -311,7 +314,8 @@ def fwd_intra_sharded(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_in
     H, 64]`` come out sharded the same way (see the module docstring). On one
     device, or outside ``jax.jit``, it is the plain per-device function.
     """
+    assert not sum_g or (impl == "A" and g is not None), "sum_g: the A kernel's, on given gates"
     static = Static(impl, chunk_size, g is not None, cu_seqlens is not None,
-                    v.shape[2] // k.shape[2])
+                    v.shape[2] // k.shape[2], bool(sum_g))
     arrays = [x for x in (k, v, g, beta, cu_seqlens, chunk_indices) if x is not None]
     return sharded_call(_fwd_intra_partitioned, _per_device, static, _intra_layout(static), arrays)

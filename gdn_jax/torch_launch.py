@@ -35,7 +35,7 @@ def tuned_or_fixed(kernel, name: str, autotune: bool, configs=None, key_dim=None
 
 def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices=None,
                     *, autotune=True, dot_precision="tf32", path="fused",
-                    A_kernel=None, wu_kernel=None, configs=None):
+                    A_kernel=None, wu_kernel=None, configs=None, sum_g=False):
     """``fwd_intra`` on torch tensors: ``path="gluon"`` the Gluon kernel
     (:func:`fwd_intra_gluon_torch`), ``path="fused"`` the one-kernel path,
     ``path="seed"`` the seed's fused kkt+solve kernel, then w/u; ``path="split"``
@@ -52,10 +52,15 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
     ``JITFunction`` with a fixed config, which the interpreter needs.
     ``A_kernel`` replaces the path's kernel that builds ``A`` (kkt_solve, the
     one kernel, or the split's A kernel; benchmarks of variants), ``wu_kernel``
-    the w/u kernel of the two-kernel paths.
+    the w/u kernel of the two-kernel paths. ``sum_g`` (path ``"A"`` only):
+    ``g`` holds the per-step log gates ``[B, T, H]`` float32, which the A
+    kernel sums within each chunk (``SUM_G``); the split path's w/u kernel
+    reads cumulative gates, so it takes none.
     """
     import torch
 
+    if sum_g and path != "A":
+        raise ValueError(f"fwd_intra_torch: sum_g is the A kernel's alone (path 'A'), not path {path!r}'s")
     if path == "gluon":  # fixed length only (gluon_launch.input_mismatch)
         return fwd_intra_gluon_torch(k, v, g, beta)
     if path == "seed":
@@ -88,7 +93,7 @@ def fwd_intra_torch(k, v, g, beta, cu_seqlens=None, chunk_size=64, chunk_indices
         return w, u, A
     if path in ("split", "A"):
         first, config = tuned_or_fixed(A_kernel or gdn_fwd_intra_A_kernel, "A", autotune, configs)
-        first[grid](k=k, A=A, BC=BC, **common, **config)
+        first[grid](k=k, A=A, BC=BC, SUM_G=sum_g, **common, **config)
         if path == "A":  # A alone, for the walk that forms v' from it (w, u left unwritten)
             return w, u, A
     else:
@@ -130,10 +135,12 @@ def fwd_intra_gluon_torch(k, v, g, beta, **overrides):
     return w, u, A
 
 
-def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="tf32", config=None):
+def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="tf32", config=None,
+                   sum_g=False):
     """``Aqk [B, T, H, 64]`` (``kernels/chunk_qk.py``) on torch tensors, as
     :func:`gdn_jax.chunk_launch.chunk_qk_triton` (the chunk list of a packed
-    batch computed from ``cu_seqlens``); ``config`` (kwargs) pins the config."""
+    batch computed from ``cu_seqlens``); ``config`` (kwargs) pins the config;
+    ``sum_g``: ``gc`` holds the per-step log gates, summed in the kernel (``SUM_G``)."""
     import torch
 
     from .chunk_launch import chunk_qk_block
@@ -150,7 +157,7 @@ def chunk_qk_torch(q, k, gc, cu_seqlens=None, *, autotune=True, dot_precision="t
                                     None if config is None else {"chunk_qk": config})
     kernel[head_fastest_grid(len(ci) if varlen else cdiv(T, 64), Hg, B)](
         q, k, gc, dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, Aqk, H=H, Hg=Hg, K=K, BT=64,
-        BK=chunk_qk_block(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
+        BK=chunk_qk_block(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, SUM_G=sum_g,
         **kwargs)
     return Aqk
 
@@ -189,13 +196,15 @@ def fwd_intra_A_qk_torch(q, k, g, beta, cu_seqlens=None, *, autotune=True, dot_p
 
 def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scale,
                     output_final_state=True, state_v_first=False, write_o=True, store_h=False,
-                    store_v=False, autotune=True, config=None, dot_precision="tf32", beta=None):
+                    store_v=False, autotune=True, config=None, dot_precision="tf32", beta=None, sum_g=False):
     """The chunk walk (``kernels/chunk_fwd.py``) on torch tensors: ``(o,
     final_state, h, v_new)`` as :func:`gdn_jax.chunk_launch.chunk_walk_triton`,
     each None where not asked for; with ``beta`` (float32), ``w`` is ``A`` and
     ``u`` is ``v`` (``FROM_A``), after :func:`chunk_qk_torch` (with ``write_o``).
     ``config`` (kwargs) pins the config, else Triton's autotuner runs
-    (``autotune=True``) or the fixed config (interpreter)."""
+    (``autotune=True``) or the fixed config (interpreter). ``sum_g``: ``gc``
+    holds the per-step log gates ``[B, T, H]`` float32, which the walk (and
+    chunk_qk) sum within each chunk (``SUM_G``)."""
     import torch
 
     from .chunk_indices import chunk_offsets
@@ -224,7 +233,8 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
         grid = lambda meta: chunk_fwd_grid(N, H, V, meta["BV"])  # noqa: E731
         qk = dummy
         if beta is not None and write_o:
-            qk = chunk_qk_torch(q, k, gc, cu_seqlens, autotune=autotune, dot_precision=dot_precision)
+            qk = chunk_qk_torch(q, k, gc, cu_seqlens, autotune=autotune, dot_precision=dot_precision,
+                                sum_g=sum_g)
         kernel[grid](q, k, w, u, gc, dummy if beta is None else beta.float(), qk,
                      dummy if initial_state is None else initial_state.float(),
                      dummy if cu_seqlens is None else cu_seqlens.to(torch.int32), offsets,
@@ -232,7 +242,7 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
                      **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, output_final_state,
                                             varlen, state_v_first, dot_precision),
                      WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, FROM_A=beta is not None,
-                     **kwargs)
+                     SUM_G=sum_g, **kwargs)
     return tuple(x if want else None for x, want in zip(outs, wanted))
 
 

@@ -186,7 +186,7 @@ def launch(name: str, kernel, operands, *, out, grid, tune_key=(), **kwargs):
 TIMING_ROWS = 32768
 
 
-def time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path):
+def time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path, sum_g=False):
     """Past :data:`TIMING_ROWS` rows, choose this launch's configs on an
     abstract launch of at most that many (same heads, dims, dtypes and
     flags, so the same config keys): the real launch then finds them chosen."""
@@ -200,12 +200,12 @@ def time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path):
         work = dict(cu_seqlens=jax.ShapeDtypeStruct(cu_seqlens.shape, cu_seqlens.dtype),
                     chunk_indices=jax.ShapeDtypeStruct(
                         (padded_chunk_rows(rows[1], cu_seqlens.shape[0] - 1, chunk_size), 2), jnp.int32))
-    jax.eval_shape(functools.partial(fwd_intra_triton, chunk_size=chunk_size, path=path),
+    jax.eval_shape(functools.partial(fwd_intra_triton, chunk_size=chunk_size, path=path, sum_g=sum_g),
                    *map(fewer, (k, v, g, beta)), **work)
 
 
 def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
-                     path="triton"):
+                     path="triton", sum_g=False):
     """``fwd_intra`` through jax-triton, ``path`` as ``impl`` of
     :func:`gdn_jax.fwd_intra`: ``"gluon"`` runs the Gluon kernel of
     ``kernels/gluon_intra.py`` (:mod:`gdn_jax.gluon_launch`); ``"triton"`` the one-kernel path of
@@ -217,8 +217,14 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     Inputs are assumed checked (:func:`gdn_jax.validate.check_fwd_intra_args`),
     and with ``cu_seqlens`` both it and ``chunk_indices`` int32 jax arrays
     (:func:`gdn_jax.chunk_indices.varlen_work_list`); shapes and dtypes as
-    :func:`gdn_jax.fwd_intra`.
+    :func:`gdn_jax.fwd_intra`. ``sum_g`` (path ``"A"`` only): ``g`` holds
+    the per-step log gates ``[B, T, H]`` float32, which the kernel sums within
+    each chunk itself (``SUM_G``), where ``g`` is otherwise their chunk-local
+    cumulative sums.
     """
+    if sum_g and path != "A":
+        raise ValueError(f"fwd_intra: sum_g (per-step gates summed in the kernel) is the A kernel's "
+                         f"(path 'A'), not path {path!r}'s")
     if path == "seed":
         check_seed_triton("fwd_intra")
     check_kernel_dtypes("fwd_intra", k=k, v=v, g=g, beta=beta)
@@ -243,7 +249,7 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
     if path == "seed":
         check_grid(path, chunk_major, ("chunks NT", "value heads H", "batch rows B"))
     check_grid(path, head_fastest, ("chunks * value heads (NT * H)", "batch rows B"))
-    time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path)
+    time_configs_on_fewer_rows(k, v, g, beta, cu_seqlens, chunk_size, path, sum_g)
 
     # jax-triton 0.3 takes no None operand: an unused pointer gets a 1-element
     # dummy, and USE_G / IS_VARLEN tell the kernel not to read it.
@@ -261,7 +267,7 @@ def fwd_intra_triton(k, v, g, beta, *, cu_seqlens=None, chunk_size=64, chunk_ind
                       H=H, Hg=Hg, K=K, V=V, BT=BT, BC=BC, BV=_block(V), **flags)
     if path in ("split", "A"):  # the A kernel stores A whole
         A = launch("A", gdn_fwd_intra_A_kernel, (k, g_arg, beta, cu_arg, ci_arg, T),
-                   out=A_type, grid=head_fastest, H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags)
+                   out=A_type, grid=head_fastest, H=H, Hg=Hg, K=K, BT=BT, BC=BC, **flags, SUM_G=sum_g)
         if path == "A":
             return (A,)
     else:

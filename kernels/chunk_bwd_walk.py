@@ -136,7 +136,7 @@ def gdn_chunk_bwd_walk_kernel(
             else:
                 b_w = tile(w, r, o_k, H * K, m_tk, False)
             b_do = tile(do, r, o_v, H * V, m_tv, True)  # do^T [BV, BT]
-            b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H)
+            b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H, False)
 
             b_dsx = b_ds.to(b_k.dtype)  # dS^T
             tl.store(dh + h_offsets + i_c * (H * K * V), tl.trans(b_dsx), mask=s_mask)
@@ -169,7 +169,7 @@ def gdn_chunk_bwd_walk_kernel(
             else:
                 b_w = tl.load(w + r[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0)
             b_do = tl.load(do + r[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0)
-            b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H)
+            b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H, False)
 
             b_dsx = b_ds.to(b_k.dtype)
             tl.store(dh + h_offsets + i_c * (H * K * V), b_dsx, mask=s_mask)

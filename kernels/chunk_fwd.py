@@ -42,6 +42,10 @@ gc_j))`` comes from ``qk`` (``chunk_qk.py``, laid out as ``A``) instead of
 being formed here: it does not depend on the state, and forming it took a
 third of this walk's time.
 
+``SUM_G``: ``gc`` holds the per-step log gates ``a`` instead, and the walk
+sums them within each chunk itself (``tl.cumsum``; ``gl`` from those sums),
+so that the whole forward computes no cumsum in XLA.
+
 The backward runs the same walk to recompute what it needs (``STORE_H``: the
 state entering each chunk, rounded to the inputs' dtype, as rows of ``h
 [chunks, H, K, V]``; ``STORE_V``: ``v'``), without the output (``WRITE_O``).
@@ -117,10 +121,17 @@ def chunk_state_rows(i_n, i_h, i_v, chunk_offsets, T, H: tl.constexpr, K: tl.con
 
 
 @triton.jit
-def chunk_gates(gc, r, m_t, i_c, seq_len, BT: tl.constexpr, H: tl.constexpr):
+def chunk_gates(gc, r, m_t, i_c, seq_len, BT: tl.constexpr, H: tl.constexpr, SUM_G: tl.constexpr):
     """The chunk's cumulative gates ``[BT]`` (0 past the end; ``gc`` at the
-    sequence's first row and the head) and its last row's."""
+    sequence's first row and the head) and its last row's. ``SUM_G``: ``gc``
+    holds the per-step log gates, summed here (past the end the sums stay
+    flat, at the last row's), and the last row's is taken from those sums, so
+    that ``exp(g_last - b_g)`` is exactly 1 there."""
     b_g = tl.load(gc + r * H, mask=m_t, other=0).to(tl.float32)
+    if SUM_G:  # no cumsum in XLA: summing 64 values here costs less than its launches
+        b_g = tl.cumsum(b_g, 0)
+        n = tl.minimum(BT, seq_len - i_c * BT)  # the chunk's rows
+        return b_g, tl.sum(tl.where(tl.arange(0, BT) == n - 1, b_g, 0), 0)
     last = (tl.minimum(i_c * BT + BT, seq_len) - 1).to(tl.int64)
     return b_g, tl.load(gc + last * H).to(tl.float32)
 
@@ -179,6 +190,7 @@ def gdn_chunk_fwd_kernel(
     STORE_H: tl.constexpr = False,
     STORE_V: tl.constexpr = False,
     FROM_A: tl.constexpr = False,
+    SUM_G: tl.constexpr = False,
 ):
     i_v, i_h, i_n, i_hk, bos, seq_len = program_heads(cu_seqlens, T, H, Hg, V, BV, IS_VARLEN)
     scale = tl.cast(scale, tl.float32)  # jax-triton 0.3 passes a Python float as fp64
@@ -229,7 +241,7 @@ def gdn_chunk_fwd_kernel(
         else:
             b_w = tile(w, r, o_k, H * K, m_tk, TRANSPOSED)
         b_u = tile(u, r, o_v, H * V, m_tv, TRANSPOSED).to(tl.float32)
-        b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H)
+        b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H, SUM_G)
         b_sx = b_s.to(b_w.dtype)
         if STORE_H:
             tl.store(h + h_offsets + i_c * (H * K * V), tl.trans(b_sx) if TRANSPOSED else b_sx,

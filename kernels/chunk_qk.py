@@ -15,7 +15,9 @@ block 0.525 ms, this kernel 0.156, against 0.762 for the walk forming it).
 Stored as ``A`` is (``[B, T, H, 64]``: row ``c0 + i`` holds ``Aqk[i, 0:n]``,
 zeros in the rest; rows past a sequence's end are not written) in ``q``'s
 dtype, the dtype the walk rounds it to for its dot with ``v'``. Padding rows
-stay out of the exponent (``safe_exp.causal_decay``).
+stay out of the exponent (``safe_exp.causal_decay``). With ``SUM_G`` the gate
+operand holds the per-step log gates instead, and each program sums them
+within its chunk (``tl.cumsum``): the forward then needs no cumsum in XLA.
 
 One program per (chunk, key head, batch row) on the head-fastest grid
 (``tiles.program_chunk`` over the ``Hg`` key heads): ``q k^T`` is the same
@@ -49,11 +51,15 @@ def chunk_qk_product(q, k, rows, m_t, i_hk, Hg: tl.constexpr, K: tl.constexpr, B
 
 
 @triton.jit
-def store_gated_qk(Aqk, b_a, gc, rows, m_t, i_h, H: tl.constexpr, BT: tl.constexpr):
+def store_gated_qk(Aqk, b_a, gc, rows, m_t, i_h, H: tl.constexpr, BT: tl.constexpr, SUM_G: tl.constexpr):
     """``b_a`` gated by value head ``i_h``'s ``exp(gc_i - gc_j)``, ``j <= i``,
-    stored as that head's rows of ``Aqk`` (rows past the end not written)."""
+    stored as that head's rows of ``Aqk`` (rows past the end not written).
+    ``SUM_G``: ``gc`` holds the per-step log gates, summed here (rows past
+    the end load as 0 and stay out of the exponent, as before)."""
     o_t = tl.arange(0, BT)
     b_g = tl.load(gc + rows * H + i_h, mask=m_t, other=0).to(tl.float32)
+    if SUM_G:  # the chunk-local cumulative gates from the per-step ones: no cumsum in XLA
+        b_g = tl.cumsum(b_g, 0)
     tl.store(Aqk + (rows * H + i_h)[:, None] * BT + o_t[None, :],
              (b_a * causal_decay(b_g, m_t, BT)).to(Aqk.dtype.element_ty), mask=m_t[:, None])
 
@@ -78,6 +84,7 @@ def gdn_chunk_qk_kernel(
     BK: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SUM_G: tl.constexpr = False,
 ):
     i_t, i_hk, bos, T = program_chunk(cu_seqlens, chunk_indices, T, Hg, IS_VARLEN)
     if i_t * BT >= T:
@@ -87,4 +94,4 @@ def gdn_chunk_qk_kernel(
     m_t = i_t * BT + o_t < T
     b_a = chunk_qk_product(q, k, rows, m_t, i_hk, Hg, K, BT, BK, DOT_PRECISION)
     for i_r in tl.static_range(H // Hg):  # the value heads that read key head i_hk
-        store_gated_qk(Aqk, b_a, gc, rows, m_t, i_hk * (H // Hg) + i_r, H, BT)
+        store_gated_qk(Aqk, b_a, gc, rows, m_t, i_hk * (H // Hg) + i_r, H, BT, SUM_G)

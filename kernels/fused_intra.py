@@ -94,7 +94,8 @@ def chunk_grams(k, T, i_tc0, Hg: tl.constexpr, K: tl.constexpr, BC: tl.constexpr
 
 
 @triton.jit
-def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.constexpr):
+def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.constexpr,
+                SUM_G: tl.constexpr):
     """``beta`` and ``g log2(e)`` (float32, zeros without ``USE_G``) of the
     chunk from row ``i_tc0`` in four 16-row pieces; ``g`` and ``beta`` point at
     the sequence's first row and one value head. ``g`` in base 2 makes each gate
@@ -103,7 +104,14 @@ def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.
     3152; H200, triton 3.6, headline, torch do_bench: split 0.399 against
     0.409 ms, one kernel 0.465 against 0.497). It rounds ``g`` once more: an
     absolute error of about ``|g| 2^-24`` in the exponent, the size of ``g``'s own
-    float32 rounding (and ``|g|`` past 2.3e38 overflows where it did not)."""
+    float32 rounding (and ``|g|`` past 2.3e38 overflows where it did not).
+
+    ``SUM_G`` (with ``USE_G``): ``g`` holds the per-step log gates, not their
+    chunk-local cumulative sums, and the sums are taken here, piece by piece
+    with a running offset (rows past ``T`` load as 0: the sums stay flat there).
+    The forward then needs no cumsum in XLA, whose two small fusions and
+    launch gaps cost more than summing 64 values in the kernel. The pieces are
+    summed after their scaling to base 2: the same sums up to float32 rounding."""
     i_tc1 = i_tc0 + BC
     i_tc2 = i_tc0 + 2 * BC
     i_tc3 = i_tc0 + 3 * BC
@@ -121,6 +129,15 @@ def chunk_gates(g, beta, T, i_tc0, H: tl.constexpr, BC: tl.constexpr, USE_G: tl.
         b_g1 = b_g0
         b_g2 = b_g0
         b_g3 = b_g0
+    if SUM_G:  # per-step gates: each piece's own running sums plus the sum of the pieces before it
+        tl.static_assert(USE_G, "SUM_G sums the gates g: USE_G is needed")
+        b_s0 = tl.sum(b_g0, 0)
+        b_s1 = b_s0 + tl.sum(b_g1, 0)
+        b_s2 = b_s1 + tl.sum(b_g2, 0)
+        b_g0 = tl.cumsum(b_g0, 0)
+        b_g1 = tl.cumsum(b_g1, 0) + b_s0
+        b_g2 = tl.cumsum(b_g2, 0) + b_s1
+        b_g3 = tl.cumsum(b_g3, 0) + b_s2
     return b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3
 
 
@@ -188,16 +205,17 @@ def store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32,
 @triton.jit
 def store_chunk_A(k, g, beta, A, bos, i_h, T, i_tc0, H: tl.constexpr, Hg: tl.constexpr,
                   K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                  USE_G: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  USE_G: tl.constexpr, DOT_PRECISION: tl.constexpr, SUM_G: tl.constexpr):
     """``(I + L)^-1`` of the chunk from row ``i_tc0`` of value head ``i_h`` of
     the sequence from row ``bos`` (``T`` rows) stored into ``A``; ``k``, ``g``,
     ``beta`` and ``A`` point at the tensors' first elements (value head ``i_h``
     reads key head ``i_h // (H // Hg)``). ``beta`` and ``g`` are loaded before the ``k k^T`` loop:
     their latency hides behind it (loaded after it, ptxas needs 185 registers
     instead of 234 at BK=64, 1 warp, but the split path took 0.498 ms instead
-    of 0.481 at the headline shape, H200, triton 3.6)."""
+    of 0.481 at the headline shape, H200, triton 3.6). ``SUM_G``: ``g`` holds
+    the per-step log gates, summed within the chunk here (:func:`chunk_gates`)."""
     k, g, beta, A = at_head(k, g, beta, A, bos, i_h, H, Hg, K, BT)
-    b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G)
+    b_b0, b_b1, b_b2, b_b3, b_g0, b_g1, b_g2, b_g3 = chunk_gates(g, beta, T, i_tc0, H, BC, USE_G, SUM_G)
     b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33 = chunk_grams(
         k, T, i_tc0, Hg, K, BC, BK)
     store_inverse(b_A00, b_A10, b_A11, b_A20, b_A21, b_A22, b_A30, b_A31, b_A32, b_A33,
@@ -246,7 +264,7 @@ def gdn_fwd_intra_fused_kernel(
     if i_t * BT >= T:
         return
     i_tc0 = i_t * BT
-    store_chunk_A(k, g, beta, A, bos, i_h, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    store_chunk_A(k, g, beta, A, bos, i_h, T, i_tc0, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, False)
 
     # u = A (beta v), w = A (beta exp(g) k) as in recompute_w_u.py, with A read
     # back whole as the [64, 64] tile this program just wrote: after the
@@ -265,6 +283,9 @@ A_CONFIGS = [triton.Config({"BK": BK}, num_warps=num_warps) for BK in [32, 64] f
 # it, the split path (``impl="split"``), where each kernel runs at its own best
 # occupancy: the A builder at 1 warp, w/u at 4 (0.548 ms at the headline shape
 # against the seed's 0.661 and the one kernel's 0.697, H200, torch do_bench).
+# SUM_G (last, default False): g holds the per-step log gates and the kernel
+# sums them within the chunk (chunk_gates), for the whole forward, whose
+# other kernels (chunk_qk.py, chunk_fwd.py) do the same: no cumsum in XLA.
 @triton.autotune(configs=A_CONFIGS, key=["H", "Hg", "K", "BC"])
 @triton.jit(do_not_specialize=["T"])
 def gdn_fwd_intra_A_kernel(
@@ -284,11 +305,12 @@ def gdn_fwd_intra_A_kernel(
     USE_G: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SUM_G: tl.constexpr = False,
 ):
     i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= T:
         return
-    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, SUM_G)
 
 
 # The A kernel with the output's attention block of kernels/chunk_qk.py
@@ -323,9 +345,9 @@ def gdn_fwd_intra_A_qk_kernel(
     i_t, i_h, bos, T = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= T:
         return
-    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION)
+    store_chunk_A(k, g, beta, A, bos, i_h, T, i_t * BT, H, Hg, K, BT, BC, BK, USE_G, DOT_PRECISION, False)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t  # 64-bit: bos is
     m_t = i_t * BT + o_t < T
     b_a = chunk_qk_product(q, k, rows, m_t, i_h // (H // Hg), Hg, K, BT, BK, DOT_PRECISION)
-    store_gated_qk(Aqk, b_a, g, rows, m_t, i_h, H, BT)
+    store_gated_qk(Aqk, b_a, g, rows, m_t, i_h, H, BT, False)

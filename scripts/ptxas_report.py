@@ -138,6 +138,11 @@ def gluon_kernel(shape: Shape):
     return [(label, lambda: gluon_launch.compile_offline(Hg=shape.Hg, H=shape.H))]
 
 
+# The SUM_G of the A kernel, the walk and chunk_qk (g: the per-step gates, summed in the kernel): the
+# whole forward launches them with True (gdn_jax.chunk_bwd.core_forward), the split path and the
+# backward with False. The rows compile False; set True to see the forward's.
+SUM_G = False
+
 KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per kernel
     "kkt_solve (seed)": triton_kernel(
         "kkt_solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel",
@@ -152,7 +157,8 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
         lambda s: dict(**s.heads, V=s.K, BC=BC, BV=_block(s.K), **s.flags)),
     "A kernel (split path)": triton_kernel(
         "fused_intra", "gdn_fwd_intra_A_kernel",
-        lambda s: dict(k=BF, g=F32, beta=F32, **WORK, A=BF), lambda s: dict(**s.heads, BC=BC, **s.flags)),
+        lambda s: dict(k=BF, g=F32, beta=F32, **WORK, A=BF),
+        lambda s: dict(**s.heads, BC=BC, **s.flags, SUM_G=SUM_G)),
     "A kernel with the output block (experiment)": triton_kernel(
         "fused_intra", "gdn_fwd_intra_A_qk_kernel",
         lambda s: dict(q=BF, k=BF, g=F32, beta=F32, **WORK, A=BF, Aqk=BF),
@@ -165,14 +171,14 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
                        v_new=s.dtype),
         lambda s, from_A=from_A: dict(**chunk_fwd_constexprs(s.Hg, s.H, s.K, s.K, True, True, s.varlen, False,
                                                              "tf32"),
-                                      WRITE_O=True, STORE_H=False, STORE_V=False, FROM_A=from_A))
+                                      WRITE_O=True, STORE_H=False, STORE_V=False, FROM_A=from_A, SUM_G=SUM_G))
        for name, from_A in (("chunk walk (chunk_fwd)", False),
                             ("chunk walk from A (chunk_fwd, FROM_A)", True))},
     "chunk output block (chunk_qk)": triton_kernel(
         "chunk_qk", "gdn_chunk_qk_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, gc=F32, cu_seqlens=I32, chunk_indices=I32, T="i32", Aqk=s.dtype),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, BT=64, BK=chunk_qk_block(s.K), IS_VARLEN=s.varlen,
-                       DOT_PRECISION="tf32")),
+                       DOT_PRECISION="tf32", SUM_G=SUM_G)),
     "backward reverse walk (chunk_bwd_walk)": triton_kernel(
         "chunk_bwd_walk", "gdn_chunk_bwd_walk_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, beta=F32, gc=F32, do=s.dtype, qk=s.dtype, dht=F32,

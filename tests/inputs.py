@@ -20,6 +20,15 @@ def chunk_local_cumsum(a: np.ndarray, starts) -> np.ndarray:
     return g
 
 
+def per_step_gates(rng, B, T, H) -> np.ndarray:
+    """Per-step log gates ``a [B, T, H]`` float32 for the kernels that sum them
+    themselves (``SUM_G``): ``-s softplus(z)``, the strength ``s`` 0.05, 1, 4
+    and 16 for the heads in turn: weak gates keep entries far apart in a
+    chunk large, strong ones make a wrong sum move an exponent by tens."""
+    s = np.resize(np.array([0.05, 1.0, 4.0, 16.0]), H)
+    return (-s * np.logaddexp(0, rng.standard_normal((B, T, H)))).astype(np.float32)
+
+
 def make_inputs(seed, B, T, Hg, H, K, V, dtype="float32", use_g=True, cu_seqlens=None):
     """``k, v, g, beta`` as jax arrays: L2-normalised keys, normal values,
     ``beta = sigmoid(normal)``, ``g`` the chunk-local cumsum of per-step log

@@ -9,6 +9,7 @@ import pytest
 
 import gdn_jax
 from gdn_jax import backend, sharding
+from gdn_jax.chunk_jnp import chunk_local_cumsum
 from gdn_jax.reference import fwd_intra_jnp
 
 
@@ -60,8 +61,12 @@ def solve_by_matmuls(monkeypatch):
     monkeypatch.setattr(gdn_jax.reference, "solve_triangular", doubling_solve)
 
 
-def intra_launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path):
-    """``fwd_intra``'s Triton launch, by the jnp reference (path "A": ``(A,)``)."""
+def intra_launch(k, v, g, beta, *, cu_seqlens, chunk_size, chunk_indices, path, sum_g=False):
+    """``fwd_intra``'s Triton launch, by the jnp reference (path "A": ``(A,)``;
+    ``sum_g``: ``g`` holds the per-step gates, summed here as the kernel does)."""
+    if sum_g:
+        assert path == "A", "the A kernel alone sums the gates"
+        g = chunk_local_cumsum(g, cu_seqlens, chunk_indices)
     w, u, A = fwd_intra_jnp(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                             chunk_indices=chunk_indices)
     return (A,) if path == "A" else (w, u, A)
@@ -101,15 +106,19 @@ def chunk_states(k, w, u, gc, h0, dtype):
 
 
 def walk_launch(q, k, w, u, gc, h0, cu, *, scale, output_final_state, state_v_first, beta=None,
-                chunk_indices=None, return_qk=False, return_states=False):
+                chunk_indices=None, return_qk=False, return_states=False, sum_g=False):
     """The chunk walk's Triton launch, by the jnp walk. From ``A, v, beta``
     (``beta`` given): ``w, u`` by the jnp ``fwd_intra``, whose ``A`` the
     launch was given, on the chunk list the launch was given when packed;
     ``return_qk``: with the output's block (:func:`qk_block`);
-    ``return_states``: with the chunk states and ``v'`` (:func:`chunk_states`)."""
+    ``return_states``: with the chunk states and ``v'`` (:func:`chunk_states`);
+    ``sum_g``: ``gc`` holds the per-step gates, summed here as the kernels do."""
     from gdn_jax.chunk_jnp import chunk_walk_jnp
 
     assert not (return_states and cu is not None), "stored states: fixed length only"
+    if sum_g:
+        assert (cu is None) == (chunk_indices is None), "a packed walk takes its chunk list"
+        gc = chunk_local_cumsum(gc, cu, chunk_indices)
     qk = qk_block(q, k, gc, cu) if return_qk else None
     dtype = u.dtype
 

@@ -14,7 +14,7 @@ if jax.default_backend() != "cpu":
 assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
 
 from gdn_jax.torch_launch import chunk_fwd_torch, fwd_intra_torch  # noqa: E402
-from inputs import chunk_local_cumsum  # noqa: E402
+from inputs import chunk_local_cumsum, per_step_gates  # noqa: E402
 from numpy_reference import gdn_recurrence_numpy, max_rel_err, rel_err  # noqa: E402
 
 TORCH = {"float32": torch.float32, "float16": torch.float16}
@@ -35,24 +35,30 @@ def draw(seed, B, T, Hg, H, K, V, cu=None, h0=True):
 
 
 def run(dtype, B, T, Hg, H, K, V, cu=None, h0=True, v_first=False, final=True, seed=0, config=None,
-        from_A=False):
+        from_A=False, sum_g=False):
     """The walk after the split path's kernels, on their ``w, u``, or (``from_A``)
     after the ``A`` kernel alone on ``A``, ``v`` and ``beta``, against the
-    float64 recurrence."""
+    float64 recurrence. ``sum_g``: the kernels given the per-step gates
+    (:func:`per_step_gates`), which they sum themselves (the A kernel and
+    chunk_qk with ``from_A``; the split path's w/u kernel takes their sums)."""
     (q, k, v, a, beta), S0 = draw(seed, B, T, Hg, H, K, V, cu, h0)
+    if sum_g:
+        a = per_step_gates(np.random.default_rng(seed + 1), B, T, H)
     gc = chunk_local_cumsum(a, [0] if cu is None else list(cu[:-1]))
     td = TORCH[dtype]
     t = lambda x, d=td: torch.from_numpy(np.ascontiguousarray(x)).to(d)  # noqa: E731
     cut = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    w, u, A = fwd_intra_torch(t(k), t(v), t(gc, torch.float32), t(beta, torch.float32), cu_seqlens=cut,
-                              autotune=False, dot_precision="ieee", path="A" if from_A else "split")
+    gates = t(a if sum_g else gc, torch.float32)  # what the walk (and the A kernel, from_A) reads
+    w, u, A = fwd_intra_torch(t(k), t(v), gates if from_A else t(gc, torch.float32), t(beta, torch.float32),
+                              cu_seqlens=cut, autotune=False, dot_precision="ieee",
+                              path="A" if from_A else "split", sum_g=sum_g and from_A)
     if from_A:
         w, u = A, t(v)
     state = None if S0 is None else t(np.swapaxes(S0, -1, -2) if v_first else S0, torch.float32)
-    o, ht, h, vn = chunk_fwd_torch(t(q), t(k), w, u, t(gc, torch.float32), state, cut, scale=K ** -0.5,
+    o, ht, h, vn = chunk_fwd_torch(t(q), t(k), w, u, gates, state, cut, scale=K ** -0.5,
                                    output_final_state=final, state_v_first=v_first, autotune=False,
                                    store_h=True, store_v=True, config=config, dot_precision="ieee",
-                                   beta=t(beta, torch.float32) if from_A else None)
+                                   beta=t(beta, torch.float32) if from_A else None, sum_g=sum_g)
     # the reference on the inputs as the kernels saw them (rounded to dtype)
     up = [t(x).float().numpy() for x in (q, k, v)]
     o_ref, f_ref, vn_ref, h_ref = gdn_recurrence_numpy(*up, a, beta, h0=S0, cu_seqlens=cu, chunk_states=True)
@@ -111,3 +117,16 @@ def test_every_autotune_config(config, from_A):
     computes the same function: packed, V-first, K and V past one block."""
     run("float32", 1, 200, 2, 4, 32, 160, cu=np.array([0, 0, 1, 70, 200], np.int32), v_first=True,
         seed=11, config=config, from_A=from_A)
+
+
+@FROM_A
+@pytest.mark.parametrize("transposed", [False, True], ids=["rows", "transposed"])
+@pytest.mark.parametrize("B,T,cu", [(2, 130, None), (1, 200, [0, 0, 1, 70, 70, 200])])
+def test_per_step_gates_summed_in_kernels(B, T, cu, transposed, from_A):
+    """``SUM_G``: the per-step gates, weak to strong, summed within each chunk
+    by the kernels (the walk in both formulations; from ``A``, the A kernel
+    and chunk_qk too), fixed and packed (empty and one-row sequences, T not a
+    multiple of 64), against the float64 recurrence on the gates themselves."""
+    config = dict(BV=64 if transposed else 32, TRANSPOSED=transposed, num_warps=4, num_stages=2)
+    run("float32", B, T, 2, 4, 32, 80, cu=None if cu is None else np.array(cu, np.int32), seed=T + 2,
+        config=config, from_A=from_A, sum_g=True)

@@ -18,7 +18,7 @@ if jax.default_backend() != "cpu":
 assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets TRITON_INTERPRET=1 on CPU"
 
 from gdn_jax.torch_launch import chunk_qk_torch, fwd_intra_A_qk_torch  # noqa: E402
-from inputs import chunk_local_cumsum  # noqa: E402
+from inputs import chunk_local_cumsum, per_step_gates  # noqa: E402
 from numpy_reference import INTRA_TOL, a_support, fwd_intra_numpy, max_rel_err  # noqa: E402
 
 TORCH = {"float32": torch.float32, "float16": torch.float16}
@@ -39,18 +39,23 @@ def qk_reference(q, k, gc, starts, T):
                 for h in range(H):
                     hk = h // (H // Hg)
                     g = gc[b, rows, h]
-                    a = q[b, rows, hk] @ k[b, rows, hk].T * np.exp(g[:, None] - g[None, :])
+                    # exponents above the diagonal (dropped by tril) as 0: strong gates overflow there
+                    a = q[b, rows, hk] @ k[b, rows, hk].T * np.exp(np.tril(g[:, None] - g[None, :]))
                     out[b, rows, h, :len(rows)] = np.tril(a)
     return out
 
 
-def run(dtype, B, T, Hg, H, K, cu=None, seed=0, config=None, with_A=False):
-    """``with_A``: the A kernel writing the block beside ``A`` (``beta`` drawn too)."""
+def run(dtype, B, T, Hg, H, K, cu=None, seed=0, config=None, with_A=False, sum_g=False):
+    """``with_A``: the A kernel writing the block beside ``A`` (``beta`` drawn
+    too); ``sum_g``: the kernel given the per-step gates (:func:`per_step_gates`),
+    which it sums itself, the reference their float64 chunk-local sums."""
     rng = np.random.default_rng(seed)
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
     q, k = (unit(rng.standard_normal((B, T, Hg, K))) for _ in range(2))
     a = -np.logaddexp(0, -3 * rng.standard_normal((B, T, H)))  # logsigmoid, strong gates included
     starts = [0] if cu is None else list(cu[:-1])
+    if sum_g:
+        a = per_step_gates(rng, B, T, H).astype(np.float64)  # float32 values, as the kernel reads them
     gc = chunk_local_cumsum(a, starts)
     td = TORCH[dtype]
     t = lambda x, d=td: torch.from_numpy(np.ascontiguousarray(x)).to(d)  # noqa: E731
@@ -65,8 +70,8 @@ def run(dtype, B, T, Hg, H, K, cu=None, seed=0, config=None, with_A=False):
         off = ~a_support(B, T, cu)[:, :, None, :]
         assert (np.broadcast_to(off, A.shape) <= (A.double().numpy() == 0)).all(), "A off its support"
     else:
-        out = chunk_qk_torch(t(q), t(k), t(gc, torch.float32), cut, autotune=False, dot_precision="ieee",
-                             config=config)
+        out = chunk_qk_torch(t(q), t(k), t(a if sum_g else gc, torch.float32), cut, autotune=False,
+                             dot_precision="ieee", config=config, sum_g=sum_g)
     assert out.dtype == td and out.shape == (B, T, H, 64)
     got = out.double().numpy()
     ref = qk_reference(*(t(x).double().numpy() for x in (q, k)), gc, starts, T)
@@ -112,3 +117,14 @@ def test_beside_A_configs(BK, num_warps):
     """K = 96 (a masked tail) at the configs that compile without spills (docs/performance.md)."""
     run("float32", 1, 130, 1, 2, 96, cu=np.array([0, 5, 130], np.int32), seed=11, with_A=True,
         config=dict(BK=BK, num_warps=num_warps))
+
+
+@pytest.mark.parametrize("dtype,B,T,Hg,H,cu", [
+    ("float32", 2, 130, 2, 4, None), ("float32", 1, 63, 1, 8, None),
+    ("float32", 1, 200, 2, 4, np.array([0, 0, 1, 70, 70, 200], np.int32)),
+    ("float16", 1, 200, 2, 4, np.array([0, 0, 1, 70, 70, 200], np.int32))])
+def test_per_step_gates_summed_in_kernel(dtype, B, T, Hg, H, cu):
+    """``SUM_G``: the per-step gates, weak to strong, summed in the kernel
+    (fixed and packed with empty and one-row sequences, T not a multiple of
+    64), against the block of their float64 chunk-local sums."""
+    run(dtype, B, T, Hg, H, 32, cu=cu, seed=T + H + 1, sum_g=True)

@@ -24,8 +24,8 @@ torch = pytest.importorskip(
 
 from gdn_jax.torch_launch import fwd_intra_torch  # noqa: E402
 from gdn_jax.triton_launch import seed_triton_missing  # noqa: E402
-from inputs import as_f64, make_inputs  # noqa: E402
-from numpy_reference import check_against_numpy, fwd_intra_numpy  # noqa: E402
+from inputs import as_f64, chunk_local_cumsum, make_inputs, per_step_gates  # noqa: E402
+from numpy_reference import INTRA_TOL, a_support, check_against_numpy, fwd_intra_numpy, max_rel_err  # noqa: E402
 from repo_files import load_module  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -112,6 +112,31 @@ def test_padded_work_list(path, record_errors):
     record_errors(f"interpreter {path} padded work list", "float32",
                   check_against_numpy(outs, ref, "float32", 1, cu[-1], cu,
                                       tol={"w": 1e-5, "u": 1e-5, "A": 1e-5}))
+
+
+@pytest.mark.parametrize("dtype,B,T,Hg,H,cu", [
+    ("float32", 2, 130, 2, 4, None), ("float32", 1, 63, 1, 8, None),
+    ("float32", 1, 200, 2, 4, [0, 0, 1, 70, 70, 200]), ("float16", 1, 200, 2, 4, [0, 0, 1, 70, 70, 200])])
+def test_A_kernel_sums_per_step_gates(dtype, B, T, Hg, H, cu, record_errors):
+    """``SUM_G`` (path "A", the whole forward's first kernel): given the
+    per-step gates, weak to strong, the kernel sums them within each chunk
+    itself; ``A`` against the float64 reference on their chunk-local sums,
+    fixed and packed (empty and one-row sequences, T not a multiple of 64)."""
+    k, v, _, beta = make_inputs(T + H, B, T, Hg, H, 32, 16, dtype, use_g=False, cu_seqlens=cu)
+    a = per_step_gates(np.random.default_rng(T + H), B, T, H)
+    gc = chunk_local_cumsum(a.astype(np.float64), [0] if cu is None else cu[:-1])
+    td = TORCH_DTYPES[dtype]
+    _, _, A = fwd_intra_torch(to_torch(k, td), to_torch(v, td), torch.from_numpy(a), to_torch(beta, torch.float32),
+                              cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32),
+                              autotune=False, dot_precision="ieee", path="A", sum_g=True)
+    A = A.double().numpy()
+    kk, vv, bb = as_f64(k, v, beta)
+    err = max_rel_err(A, fwd_intra_numpy(kk, vv, gc, bb, cu_seqlens=cu)[2], B, T, cu)
+    record_errors("interpreter A SUM_G", dtype, {"A": err})
+    assert np.isfinite(A).all()
+    assert err <= (1e-5 if dtype == "float32" else INTRA_TOL[dtype]["A"])
+    off = ~a_support(B, T, cu)[:, :, None, :]
+    assert (np.broadcast_to(off, A.shape) <= (A == 0)).all(), "A is not zero off its support"
 
 
 @pytest.mark.parametrize("name", ["seed_neumann", "seed_interleaved", "fused_neumann",
