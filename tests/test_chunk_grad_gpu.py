@@ -98,8 +98,8 @@ def test_packed(dtype, record_errors):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("packed", [False, True])
 def test_many_programs(dtype, packed, record_errors):
-    """``N * H`` of 128 and more: the walks' fixed configs switch to their
-    transposed forms there (``gdn_jax.autotune.UNTUNED_MANY_PROGRAMS``, not
+    """``N * H`` of 128 and more: the forward walk's fixed config switches to
+    its transposed form there (``gdn_jax.autotune.UNTUNED_MANY_PROGRAMS``, not
     float32); packed: 33 sequences, empty and one-row ones among them."""
     if packed:
         lens = np.random.default_rng(40).integers(0, 90, 33)
