@@ -17,12 +17,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .autotune import UNTUNED_MANY_PROGRAMS
 from .batching import vmappable
 from .chunk_bwd_jnp import chunk_bwd_jnp, chunk_reverse_cumsum
 from .chunk_bwd_launch import chunk_bwd_triton
 from .chunk_jnp import chunk_local_cumsum
-from .chunk_launch import programs_bucket
 from .chunk_walk import chunk_walk
 from .intra import fwd_intra
 from .options import state_from_k_major, state_to_k_major
@@ -130,10 +128,7 @@ def core_forward(static, q, k, v, a, beta, h0, cu, ci, save_states=False):
     On that "auto" path the kernels take the per-step gates and sum them
     within each chunk themselves (``SUM_G``): XLA's cumsum ``gc`` is then the
     backward's residual alone, dead code without a gradient (two small XLA
-    fusions and their launch gaps less in inference). Where the walk has few
-    programs (``N * H`` under 128, its row form) it and ``chunk_qk`` read
-    ``gc``: summing in its chain of dependent steps made that walk slower
-    (H200, triton 3.6: 1.47 against 1.33 ms at one sequence of 32768)."""
+    fusions and their launch gaps less in inference)."""
     gc = chunk_local_cumsum(a, cu, ci)  # float32 (float64 for float64 a): the kernels take float32
     gc = gc if static.impl == "reference" else gc.astype(jnp.float32)
     walk = functools.partial(chunk_walk, scale=static.scale, output_final_state=static.final,
@@ -147,10 +142,8 @@ def core_forward(static, q, k, v, a, beta, h0, cu, ci, save_states=False):
         # float32: the walk's tiles with both stores ask more shared memory
         # than an sm_90 program has at its fixed config (238084 of 232448 bytes)
         save = save_states and cu is None and jnp.dtype(v.dtype).itemsize == 2
-        n_seq = q.shape[0] if cu is None else cu.shape[0] - 1
-        many = programs_bucket(n_seq, v.shape[2]) >= UNTUNED_MANY_PROGRAMS["chunk_fwd"][0]
-        o, final, qk, *states = walk(q, k, A, v, a32 if many else gc, h0, cu, ci, beta=beta.astype(jnp.float32),
-                                     return_qk=True, return_states=save, sum_g=many)
+        o, final, qk, *states = walk(q, k, A, v, a32, h0, cu, ci, beta=beta.astype(jnp.float32),
+                                     return_qk=True, return_states=save, sum_g=True)
         out, states = (o, final), (tuple(states) if save else None)
     else:
         w, u, A = fwd_intra(k, v, gc, beta, cu_seqlens=cu, chunk_indices=ci, impl=static.impl)
