@@ -1,9 +1,8 @@
 """Launch of the backward kernels through jax-triton: the recompute of the
 chunk states and ``v'`` (the forward's walk from ``A``), the reverse walk,
 the per-chunk gradients and the WY backward (``kernels/chunk_bwd_walk.py``,
-``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``; the last two also sum
-a key head's value heads, ``kernels/head_sum.py``), then the sum of ``dgc``
-over K blocks in jnp.
+``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``), then the sums over K
+blocks and GQA heads in jnp.
 
 What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``),
 the output's attention block its walk read (``chunk_qk``, as large; formed
@@ -19,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .chunk_bwd_jnp import key_heads
 from .chunk_indices import cdiv, chunk_offsets
 from .chunk_launch import chunk_fwd_grid, chunk_qk_triton, chunk_walk_triton, programs_bucket
 from .triton_launch import check_grid, dot_precision, head_fastest_grid, launch
@@ -59,12 +59,11 @@ def value_blocks(K: int, V: int, itemsize: int) -> tuple[int, int, int]:
 
 
 def partials_in_input_dtype(dtype_name: str) -> bool:
-    """Whether the kernels keep the per-value-head partials of ``dq`` and
-    ``dk`` (which the last program of a key head sums in float32,
-    ``kernels/head_sum.py``) and the per-chunk kernel's share of ``dk``
-    (which the WY kernel adds to its own) in the inputs' dtype: for
-    bfloat16, which halves the bytes written and read (float32's range: no
-    overflow); float32 else (float16's range could overflow where the
+    """Whether the kernels write the per-value-head partials of ``dq`` and
+    ``dk`` (summed over GQA heads and, for ``dk``, the per-chunk and WY
+    kernels' shares, in float32) in the inputs' dtype: for bfloat16, which
+    halves the bytes the kernels write and the sums read (float32's range:
+    no overflow); float32 else (float16's range could overflow where the
     shares cancel)."""
     return dtype_name == "bfloat16"
 
@@ -131,22 +130,21 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
         DOT_PRECISION=prec, QK_IN=True, FROM_A=True)
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
-    gqa = H != Hg  # the per-value-head partials and each key head's counters (else unused)
-    scratch = jax.ShapeDtypeStruct((B, T, H, K) if gqa else (1,), part)
-    counts = lambda programs: jax.ShapeDtypeStruct((programs // (H // Hg) if gqa else 1,), jnp.int32)  # noqa: E731
-    key_rows = lambda dtype: jax.ShapeDtypeStruct((B, T, Hg, K), dtype)  # noqa: E731
-    _, dq, dk_local, dw, dg, _, _ = launch(
+    per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
+    dq, dk, dw, dg = launch(
         "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
-        out=(counts(grid[0] * NK * B), key_rows(q.dtype), key_rows(part),
-             jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((NK, B, T, H), f32), scratch,
-             scratch),
-        grid=(grid[0] * NK, grid[1]), zeroed=True, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl,
-        IS_VARLEN=varlen, DOT_PRECISION=prec, V_STAGES=v_stages)
-    _, dk, dv, dbeta, dg_wy, _ = launch(
-        "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, dk_local, cu, ci, T),
-        out=(counts(grid[0] * B), key_rows(k.dtype), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
-             jax.ShapeDtypeStruct(beta.shape, f32), jax.ShapeDtypeStruct(gc.shape, f32), scratch),
-        grid=grid, zeroed=True, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BVw, IS_VARLEN=varlen,
+        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
+             jax.ShapeDtypeStruct((NK, B, T, H), f32)),
+        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
         DOT_PRECISION=prec, V_STAGES=v_stages)
-    return dq, dk, dv, dg.sum(0) + dg_wy, dbeta, dh0
+    dk_wy, dv, dbeta, dg_wy = launch(
+        "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
+        out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
+             jax.ShapeDtypeStruct(gc.shape, f32)),
+        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BVw, IS_VARLEN=varlen,
+        DOT_PRECISION=prec, V_STAGES=v_stages)
+
+    return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
+            dg.sum(0) + dg_wy, dbeta, dh0)
+

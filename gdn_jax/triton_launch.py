@@ -101,8 +101,8 @@ def triton_call(*args, out, zeroed=False, input_output_aliases=None, **kwargs):
     """``jax_triton.triton_call`` with the output spec under the keyword this
     jax-triton version takes (0.4 renamed ``out_shape`` to ``out_type``).
 
-    ``zeroed=True``: the first output of ``out`` (or the one) starts as
-    zeros (the kernel writes part of it), through ``zeroed_outputs``. ``input_output_aliases``
+    ``zeroed=True``: the one output ``out`` starts as zeros (the kernel
+    writes part of it), through ``zeroed_outputs``. ``input_output_aliases``
     (``{operand index: output index}``): those outputs are their operands'
     buffers, written in place (see :func:`aliased_outputs_are_parameters` for
     how the kernel's parameters meet them). jax-triton 0.4 deprecates both for
@@ -161,7 +161,7 @@ def wu_blocks(K: int, V: int) -> dict:
     return dict(BK=_block(K, 128), BV=_block(V, 128))
 
 
-def launch(name: str, kernel, operands, *, out, grid, tune_key=(), zeroed=False, **kwargs):
+def launch(name: str, kernel, operands, *, out, grid, tune_key=(), **kwargs):
     """One ``triton_call`` of the autotuned ``kernel`` (its inner ``JITFunction``)
     with the single config :func:`gdn_jax.autotune.chosen_config` picks for
     its constexprs (``kwargs``), dtypes and ``tune_key`` (hashable, more of the

@@ -18,16 +18,13 @@ the chunk's entering state ``S`` (a row of ``h``), ``dS'`` (a row of ``dh``),
     dgc[last] += gamma <dS', S> + sum(c)
 
 Each K block writes its share of ``dgc`` (a row of ``dg [NK, B, T, H]``; the
-launcher sums them). ``dq`` and ``dk`` are summed over a key head's value
-heads here (``head_sum``: the last of their programs adds the partials the
-others left in ``dq_part``, ``dk_part``, ``[T, H, K]``, in the partials'
-dtype): ``dq`` whole, ``dk`` the share the WY kernel adds its own to, both
-``[T, Hg, K]``. The sums over ``V`` run over blocks of ``BV`` columns.
+launcher sums them). ``dq`` and ``dk`` are per value head (float32); the
+launcher sums a key head's value heads. The sums over ``V`` run over blocks of
+``BV`` columns.
 """
 import triton
 import triton.language as tl
 
-from .head_sum import arrive, head_sum, masked_if
 from .safe_exp import causal_decay
 from .tiles import program_chunk
 
@@ -75,13 +72,10 @@ def gdn_chunk_bwd_local_kernel(
     chunk_indices,
     scale,
     T,
-    counts,
     dq,
     dk,
     dw,
     dg,
-    dq_part,
-    dk_part,
     H: tl.constexpr,
     Hg: tl.constexpr,
     K: tl.constexpr,
@@ -146,26 +140,8 @@ def gdn_chunk_bwd_local_kernel(
     b_Dx = b_D.to(b_k.dtype)
     b_dq = scale * b_e[:, None] * b_dos + tl.dot(b_Dx, b_k, input_precision=DOT_PRECISION)
     b_dk = tl.dot(tl.trans(b_Dx), b_q, input_precision=DOT_PRECISION) + b_decay[:, None] * b_vds
-    RATIO: tl.constexpr = H // Hg
-    if RATIO == 1:
-        tl.store(dq + rows_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-        tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-    else:
-        tl.store(dq_part + rows_hk, b_dq.to(dq_part.dtype.element_ty), mask=m_tk)
-        tl.store(dk_part + rows_hk, b_dk.to(dk_part.dtype.element_ty), mask=m_tk)
-        # this (chunk, key head, K block)'s counter: programs of the grid / RATIO per batch row
-        i_count = tl.program_id(1).to(tl.int64) * (tl.num_programs(0) // RATIO) + (
-            tl.program_id(0) // (NK * H) * Hg + i_hk) * NK + i_k
-        summing = arrive(counts, i_count) == RATIO - 1  # this program came last: it sums
-        i_r = i_h % RATIO
-        rows0 = rows_hk - i_r * K  # the key head's first value head
-        b_dq = head_sum(b_dq, dq_part, rows0, m_tk, i_r, summing, RATIO, K)
-        b_dk = head_sum(b_dk, dk_part, rows0, m_tk, i_r, summing, RATIO, K)
-        # the key head's rows formed again from the value head's (rows_k, held
-        # from the start, would take registers)
-        rows_kh = (((bos + r) * H + i_h) // RATIO)[:, None] * K + o_k[None, :]
-        tl.store(dq + rows_kh, b_dq.to(dq.dtype.element_ty), mask=masked_if(m_tk, summing))
-        tl.store(dk + rows_kh, b_dk.to(dk.dtype.element_ty), mask=masked_if(m_tk, summing))
+    tl.store(dq + rows_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dw + rows_hk, b_dw.to(dw.dtype.element_ty), mask=m_tk)
 
     b_P = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)

@@ -15,15 +15,12 @@ head::
 One program per (chunk, value head) on the head-fastest grid of the intra
 kernels (``tiles.program_chunk``), the whole ``K`` as one tile, ``V`` in
 blocks of ``BV`` columns;
-``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``dk`` leaves whole, per
-key head ``[T, Hg, K]``: the sum over the key head's value heads of the above
-(``head_sum``: the last of their programs adds the partials the others left
-in ``dk_part``, ``[T, H, K]``) and the per-chunk kernel's share ``dk_local``.
+``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``dk`` is per value head
+(float32; the launcher sums a key head's value heads and adds the walk's part).
 """
 import triton
 import triton.language as tl
 
-from .head_sum import arrive, head_sum, masked_if
 from .tiles import program_chunk
 
 
@@ -57,16 +54,13 @@ def gdn_wy_bwd_kernel(
     A,
     dw,
     du,
-    dk_local,
     cu_seqlens,
     chunk_indices,
     T,
-    counts,
     dk,
     dv,
     dbeta,
     dg,
-    dk_part,
     H: tl.constexpr,
     Hg: tl.constexpr,
     K: tl.constexpr,
@@ -133,19 +127,6 @@ def gdn_wy_bwd_kernel(
     b_db += b_e * b_kdw
     b_dg += b_beta * b_e * b_kdw
     b_dk += (b_beta * b_e)[:, None] * b_Atdw
-    RATIO: tl.constexpr = H // Hg
-    rows_k = (rows // RATIO)[:, None] * K + o_k[None, :]  # dk_local, dk: row and key head
-    if RATIO == 1:
-        summing = True
-    else:
-        tl.store(dk_part + rows_hk, b_dk.to(dk_part.dtype.element_ty), mask=m_tk)
-        # this (chunk, key head)'s counter: programs of the grid / RATIO per batch row
-        i_count = tl.program_id(1).to(tl.int64) * (tl.num_programs(0) // RATIO) + \
-            tl.program_id(0) // H * Hg + i_hk
-        summing = arrive(counts, i_count) == RATIO - 1  # this program came last: it sums
-        i_r = i_h % RATIO
-        b_dk = head_sum(b_dk, dk_part, rows_hk - i_r * K, m_tk, i_r, summing, RATIO, K)
-    b_dk += tl.load(dk_local + rows_k, mask=masked_if(m_tk, summing), other=0).to(tl.float32)
-    tl.store(dk + rows_k, b_dk.to(dk.dtype.element_ty), mask=masked_if(m_tk, summing))
+    tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dbeta + rows, b_db, mask=m_t)
     tl.store(dg + rows, b_dg, mask=m_t)
