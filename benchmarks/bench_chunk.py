@@ -42,6 +42,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -309,7 +310,13 @@ def print_table(rows, versions, table=TABLE):
             if isinstance(r.get(c), float) else str(r.get(c, "-")) for c, _ in table) + " |")
 
 
-def plot(rows, path, title="GDN forward, bf16, H200 (lower is better)"):
+def chart_title(backward: bool, device: str) -> str:
+    """The chart's title, naming the run's GPU (``versions["device"]``, "NVIDIA H100 80GB HBM3" as "H100")."""
+    name = re.search(r"[A-Z]\d{3}", device)
+    return f"GDN {'forward + backward' if backward else 'forward'}, bf16, {name[0] if name else device} (lower is better)"
+
+
+def plot(rows, path, title):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -352,8 +359,7 @@ def main():
         saved = json.loads(pathlib.Path(args.replot).read_text())
         backward = any(r.get("backward") for r in saved["rows"])
         plot(saved["rows"], out / ("bench_chunk_backward.png" if backward else "bench_chunk.png"),
-             "GDN forward + backward, bf16, H200 (lower is better)" if backward else
-             "GDN forward, bf16, H200 (lower is better)")
+             chart_title(backward, saved["versions"]["device"]))
         print_table(saved["rows"], saved["versions"], BACKWARD_TABLE if backward else TABLE)
         return
     bw, rate = copy_bandwidth(), matrix_rate()
@@ -372,7 +378,7 @@ def main():
             rows.append(bench_backward(name, *SHAPES[name], with_reference(name)))
             print(json.dumps(rows[-1]), flush=True)
             (out / "bench_chunk_backward.json").write_text(json.dumps(dict(versions=versions, rows=rows), indent=1))
-        plot(rows, out / "bench_chunk_backward.png", "GDN forward + backward, bf16, H200 (lower is better)")
+        plot(rows, out / "bench_chunk_backward.png", chart_title(True, versions["device"]))
         print_table(rows, versions, BACKWARD_TABLE)
         return
     for name in args.shapes.split(","):
@@ -382,7 +388,7 @@ def main():
     layer = None if args.no_layer else bench_layer()
     (out / "bench_chunk.json").write_text(json.dumps(dict(versions=versions, rows=rows, layer=layer),
                                                      indent=1))
-    plot(rows, out / "bench_chunk.png")
+    plot(rows, out / "bench_chunk.png", chart_title(False, versions["device"]))
     if layer:
         print(f"Flax layer {layer}")
     print_table(rows, versions)
