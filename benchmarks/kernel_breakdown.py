@@ -150,13 +150,19 @@ def main():
 
     result = dict(shape=args.shape, reps=args.reps, device=jax.devices()[0].device_kind, jax=jax.__version__,
                   triton=triton.__version__, autotuned=gdn_jax.autotune.autotune_enabled(), steps={})
+    # every JAX trace before the first torch.profiler one: torch's CUPTI
+    # subscription outlives its profiler, and JAX's then fails
+    # (CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: an empty trace)
     for step, fn in ours.items():
         times, lines = jax_kernel_ms(fn, arrays, args.reps)
+        if not times:
+            sys.exit(f"{step}: the JAX trace holds no GPU kernel (the profiler could not subscribe to CUPTI?)")
         progress(f"{step}: gdn_jax profiled")
         result["steps"][step] = dict(gdn_jax=times, gpu_plane_lines=sorted(set(lines)))
-        if step in fla:
-            result["steps"][step]["fla"] = torch_kernel_ms(fla[step], args.reps)
-            progress(f"{step}: fla profiled")
+        (out / "kernel_breakdown.json").write_text(json.dumps(result, indent=1))
+    for step, fn in fla.items():
+        result["steps"][step]["fla"] = torch_kernel_ms(fn, args.reps)
+        progress(f"{step}: fla profiled")
         (out / "kernel_breakdown.json").write_text(json.dumps(result, indent=1))
     for step, r in result["steps"].items():
         print_table(f"gdn-jax {step}, {args.shape}", r["gdn_jax"])

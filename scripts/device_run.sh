@@ -2,7 +2,7 @@
 # On a GPU machine without a package registry: installs the carried jax-triton
 # wheel and this package into /tmp, then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | save-autotune | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
+#   phases: info | save-autotune | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | ab | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels; fla/ with the fla-core wheel for the comparison columns),
 # and .triton_autotune.tgz where an earlier call saved it.
 # Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
@@ -59,6 +59,14 @@ for phase in "$@"; do
     bench-decode) python3 -P benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | tail -14;;
     # GPU time per kernel (ours from the JAX trace, fla's from torch.profiler), forward and forward + backward
     breakdown) python3 -P benchmarks/kernel_breakdown.py --out "$OUT" 2>&1 | tee "$OUT/breakdown.log" | tail -40;;
+    # the same, gdn-jax only, for the working tree (new/) and for the base that
+    # scripts/ab_base.sh REF put in .ab_base (carry it): an A/B in one call
+    ab) [ -d .ab_base/gdn_jax ] || { echo "ab: no .ab_base (scripts/ab_base.sh REF, and carry .ab_base)"; continue; }
+      rm -rf /tmp/pkg_base && mkdir -p /tmp/pkg_base && cp -r .ab_base/gdn_jax /tmp/pkg_base/
+      echo "base: $(cat .ab_base/REF)"
+      python3 -P benchmarks/kernel_breakdown.py --no-fla --out "$OUT/new" 2>&1 | tail -24
+      PYTHONPATH=${PYTHONPATH/\/tmp\/pkg:/\/tmp\/pkg_base:} python3 -P benchmarks/kernel_breakdown.py --no-fla \
+        --out "$OUT/base" 2>&1 | tail -24;;
     train) python3 -P examples/train_gdn.py --width 256 --heads 2 --v-heads 4 --head-dim 64 --batch 64 --copy-len 32 --dtype bfloat16 2>&1 | tee "$OUT/train.log" | tail -10;;
     # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags
     test-gluon) python3 -P -m pytest -q -rfs -n 8 -p no:cacheprovider tests/test_gluon_gpu.py tests/test_gluon_launch.py 2>&1 | tee "$OUT/test_gluon_jt$JT.log" | tail -12;;
