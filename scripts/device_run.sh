@@ -61,12 +61,13 @@ for phase in "$@"; do
     breakdown) python3 -P benchmarks/kernel_breakdown.py --out "$OUT" 2>&1 | tee "$OUT/breakdown.log" | tail -40;;
     # the same, gdn-jax only, for the working tree (new/) and for the base that
     # scripts/ab_base.sh REF put in .ab_base (carry it): an A/B in one call
+    # (AB_SHAPE: kernel_breakdown.py's --shape, default headline)
     ab) [ -d .ab_base/gdn_jax ] || { echo "ab: no .ab_base (scripts/ab_base.sh REF, and carry .ab_base)"; continue; }
       rm -rf /tmp/pkg_base && mkdir -p /tmp/pkg_base && cp -r .ab_base/gdn_jax /tmp/pkg_base/
       echo "base: $(cat .ab_base/REF)"
-      python3 -P benchmarks/kernel_breakdown.py --no-fla --out "$OUT/new" 2>&1 | tail -24
+      python3 -P benchmarks/kernel_breakdown.py --no-fla --shape "${AB_SHAPE:-headline}" --out "$OUT/new" 2>&1 | tail -24
       PYTHONPATH=${PYTHONPATH/\/tmp\/pkg:/\/tmp\/pkg_base:} python3 -P benchmarks/kernel_breakdown.py --no-fla \
-        --out "$OUT/base" 2>&1 | tail -24;;
+        --shape "${AB_SHAPE:-headline}" --out "$OUT/base" 2>&1 | tail -24;;
     train) python3 -P examples/train_gdn.py --width 256 --heads 2 --v-heads 4 --head-dim 64 --batch 64 --copy-len 32 --dtype bfloat16 2>&1 | tee "$OUT/train.log" | tail -10;;
     # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags
     test-gluon) python3 -P -m pytest -q -rfs -n 8 -p no:cacheprovider tests/test_gluon_gpu.py tests/test_gluon_launch.py 2>&1 | tee "$OUT/test_gluon_jt$JT.log" | tail -12;;
