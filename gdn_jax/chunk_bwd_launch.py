@@ -121,15 +121,14 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     # their dots (the per-chunk kernel to k's, the WY one to A's, which is
     # k's), so storing it rounded gives the same bits at half the bytes
     rows = jax.ShapeDtypeStruct((B, T, H, V), k.dtype)
-    dv_new, dh, dh0, dv = launch(
+    dv_new, dh, dh0 = launch(
         "chunk_bwd_walk", gdn_chunk_bwd_walk_kernel,
         (q, k, A, beta32, gc, do, qk, dummy if dht is None else dht.astype(f32), cu,
          dummy if offsets is None else offsets, float(scale), T),
-        out=(rows, jax.ShapeDtypeStruct(h.shape, h.dtype), jax.ShapeDtypeStruct((N, H, K, V), f32),
-             jax.ShapeDtypeStruct((B, T, H, V), v.dtype)),
+        out=(rows, jax.ShapeDtypeStruct(h.shape, h.dtype), jax.ShapeDtypeStruct((N, H, K, V), f32)),
         grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]), tune_key=("programs", programs_bucket(N, H)),
         H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
-        DOT_PRECISION=prec, QK_IN=True, FROM_A=True, STORE_DV=True)
+        DOT_PRECISION=prec, QK_IN=True, FROM_A=True)
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
     per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
     dq, dk, dw, dg = launch(
@@ -139,12 +138,12 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
         grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
         DOT_PRECISION=prec, V_STAGES=v_stages, QK_IN=True)
-    dk_wy, _, dbeta, dg_wy = launch(
+    dk_wy, dv, dbeta, dg_wy = launch(
         "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
-        out=(per_head_k, jax.ShapeDtypeStruct((1,), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
+        out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
              jax.ShapeDtypeStruct(gc.shape, f32)),
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BVw, IS_VARLEN=varlen,
-        DOT_PRECISION=prec, V_STAGES=v_stages, DV_IN=True)  # dv: the reverse walk's (STORE_DV)
+        DOT_PRECISION=prec, V_STAGES=v_stages)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
             dg.sum(0) + dg_wy, dbeta, dh0)

@@ -301,8 +301,6 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dv_new = torch.empty(B, T, H, V, device=dev, dtype=k.dtype)  # as chunk_bwd_launch: read rounded to k's dtype
     dh = torch.empty_like(h)
     dh0 = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
-    # from A, the reverse walk stores dv = beta (A^T dv') (STORE_DV) and the WY kernel skips it (DV_IN)
-    dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32) if from_A else dummy.float()
     walk, walk_config = tuned_or_fixed(gdn_chunk_bwd_walk_kernel, "chunk_bwd_walk", False, configs)
     from .chunk_launch import chunk_fwd_grid
 
@@ -310,9 +308,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     walk[chunk_fwd_grid(N, H, V, walk_config["BV"])](
         q, k, w, dummy if beta_w is None else beta_w, gc, do, qk, dummy if dht is None else dht.float(), cu,
         offsets, float(scale), T,
-        dv_new, dh, dh0, dv, H=H, Hg=Hg, K=K, V=V, BT=64, BK=BK, USE_DHT=dht is not None,
-        IS_VARLEN=varlen, DOT_PRECISION=dot_precision, QK_IN=qk_in, FROM_A=from_A, STORE_DV=from_A,
-        **walk_config)
+        dv_new, dh, dh0, H=H, Hg=Hg, K=K, V=V, BT=64, BK=BK, USE_DHT=dht is not None,
+        IS_VARLEN=varlen, DOT_PRECISION=dot_precision, QK_IN=qk_in, FROM_A=from_A, **walk_config)
     local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False, configs)
     local_config = dict(local_config)
     BKl = local_config.pop("BK", min(64, BK))
@@ -328,14 +325,13 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, QK_IN=qk_in,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
     dk_wy = torch.empty_like(dq)
-    if not from_A:
-        dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
+    dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     dg_wy = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
-        BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, DV_IN=from_A,
+        BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
     heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
     return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0

@@ -22,10 +22,7 @@ constexpr switch (what they save: docs/performance.md):
   instead of forming ``q k^T`` and its masked exponentials per chunk.
 - ``FROM_A``: ``w`` holds ``A [B, T, H, 64]`` of ``fwd_intra`` and ``beta``
   is given: from ``w = A (beta e k)``, ``w^T dv' = k^T (beta e (A^T dv'))``,
-  so ``w`` is never rebuilt for the backward. With it, ``STORE_DV`` also
-  stores ``dv = beta (A^T dv')`` (``dv_in``, v's gradient ``[B, T, H, V]``),
-  the WY backward's first product, which this walk forms anyway
-  (``kernels/wy_bwd.py``'s ``DV_IN``).
+  so ``w`` is never rebuilt for the backward.
 
 The scaled copies are taken of ``[64, BV]`` tiles (``do`` by ``e``, ``k dS``
 by ``exp(gl - gc)``) rather than of ``[64, K]`` copies of ``q`` and ``k``,
@@ -79,7 +76,6 @@ def gdn_chunk_bwd_walk_kernel(
     dv,
     dh,
     dh0,
-    dv_in,
     H: tl.constexpr,
     Hg: tl.constexpr,
     K: tl.constexpr,
@@ -93,7 +89,6 @@ def gdn_chunk_bwd_walk_kernel(
     QK_IN: tl.constexpr = False,
     FROM_A: tl.constexpr = False,
     TRANSPOSED: tl.constexpr = False,
-    STORE_DV: tl.constexpr = False,
 ):
     i_v, i_h, i_n, i_hk, bos, seq_len = program_heads(cu_seqlens, T, H, Hg, V, BV, IS_VARLEN)
     scale = tl.cast(scale, tl.float32)
@@ -122,8 +117,6 @@ def gdn_chunk_bwd_walk_kernel(
         qk += (bos * H + i_h) * BT
     do += (bos * H + i_h) * V
     dv += (bos * H + i_h) * V
-    if STORE_DV:
-        dv_in += (bos * H + i_h) * V
     gc += bos * H + i_h
 
     n_chunks = (seq_len + BT - 1) // BT  # not tl.cdiv: see kernels/chunk_fwd.py's loop
@@ -163,9 +156,6 @@ def gdn_chunk_bwd_walk_kernel(
             b_ds = tl.dot(b_doe, b_q, b_ds * tl.exp(g_last), input_precision=DOT_PRECISION)
             if FROM_A:  # (w^T dv')^T = ((dv'^T A) beta e) k
                 b_adv = tl.dot(b_dvx, b_w, input_precision=DOT_PRECISION)
-                if STORE_DV:  # dv^T = (dv'^T A) beta
-                    tl.store(dv_in + r[None, :] * (H * V) + o_v[:, None],
-                             (b_adv * b_beta[None, :]).to(dv_in.dtype.element_ty), mask=tl.trans(m_tv))
                 b_adv = (b_adv * (-b_beta * tl.exp(b_g))[None, :]).to(b_k.dtype)
                 b_ds = tl.dot(b_adv, b_k, b_ds, input_precision=DOT_PRECISION)
             else:
@@ -200,9 +190,6 @@ def gdn_chunk_bwd_walk_kernel(
             b_ds = b_ds * tl.exp(g_last) + scale * tl.dot(tl.trans(b_q), b_doe, input_precision=DOT_PRECISION)
             if FROM_A:  # w^T dv' = k^T (beta e (A^T dv'))
                 b_adv = tl.dot(tl.trans(b_w), b_dvx, input_precision=DOT_PRECISION)
-                if STORE_DV:  # dv = beta (A^T dv')
-                    tl.store(dv_in + r[:, None] * (H * V) + o_v[None, :],
-                             (b_beta[:, None] * b_adv).to(dv_in.dtype.element_ty), mask=m_tv)
                 b_adv = (b_adv * (b_beta * tl.exp(b_g))[:, None]).to(b_k.dtype)
                 b_ds -= tl.dot(tl.trans(b_k), b_adv, input_precision=DOT_PRECISION)
             else:

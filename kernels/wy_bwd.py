@@ -15,8 +15,7 @@ head::
 One program per (chunk, value head) on the head-fastest grid of the intra
 kernels (``tiles.program_chunk``), the whole ``K`` as one tile, ``V`` in
 blocks of ``BV`` columns;
-``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``DV_IN``: the reverse walk has stored ``dv`` (its ``STORE_DV``), and this
-kernel neither forms ``A^T du`` nor writes ``dv``. ``dk`` is per value head
+``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``dk`` is per value head
 (float32; the launcher sums a key head's value heads and adds the walk's part).
 """
 import triton
@@ -27,19 +26,17 @@ from .tiles import program_chunk
 
 @triton.jit
 def value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V: tl.constexpr, BV: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, DV_IN: tl.constexpr):
-    """One block of ``BV`` value columns: ``du v^T`` added to ``b_duv``;
-    unless ``DV_IN``, ``dv = beta (A^T du)`` stored and ``rowsum((A^T du)
-    v)`` added to ``b_db``."""
+                DOT_PRECISION: tl.constexpr):
+    """One block of ``BV`` value columns: ``dv = beta (A^T du)`` stored, and
+    ``rowsum((A^T du) v)``, ``du v^T`` added to ``b_db``, ``b_duv``."""
     o_v = i_v * BV + tl.arange(0, BV)
     m_tv = m_t[:, None] & (o_v < V)[None, :]
     rows_hv = rows[:, None] * V + o_v[None, :]
     b_v = tl.load(v + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
     b_du = tl.load(du + rows_hv, mask=m_tv, other=0).to(b_A.dtype)
-    if not DV_IN:
-        b_Atdu = tl.dot(tl.trans(b_A), b_du, input_precision=DOT_PRECISION)  # [BT, BV]
-        tl.store(dv + rows_hv, (b_beta[:, None] * b_Atdu).to(dv.dtype.element_ty), mask=m_tv)
-        b_db += tl.sum(b_Atdu * b_v.to(tl.float32), axis=1)
+    b_Atdu = tl.dot(tl.trans(b_A), b_du, input_precision=DOT_PRECISION)  # [BT, BV]
+    tl.store(dv + rows_hv, (b_beta[:, None] * b_Atdu).to(dv.dtype.element_ty), mask=m_tv)
+    b_db += tl.sum(b_Atdu * b_v.to(tl.float32), axis=1)
     b_duv += tl.dot(b_du, tl.trans(b_v), input_precision=DOT_PRECISION)
     return b_db, b_duv
 
@@ -74,7 +71,6 @@ def gdn_wy_bwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     V_STAGES: tl.constexpr,
-    DV_IN: tl.constexpr = False,
 ):
     i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= seq_len:
@@ -105,13 +101,11 @@ def gdn_wy_bwd_kernel(
     if V_STAGES > 1:
         for i_v in tl.range(0, NV, num_stages=V_STAGES):
             b_db, b_duv = value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V, BV,
-                                      DOT_PRECISION, DV_IN)
+                                      DOT_PRECISION)
     else:
         for i_v in tl.static_range(NV):
             b_db, b_duv = value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V, BV,
-                                      DOT_PRECISION, DV_IN)
-    if DV_IN:  # rowsum((A^T du) v)_j = sum_i A_ij (du v^T)_ij
-        b_db += tl.sum(b_A.to(tl.float32) * b_duv, axis=0)
+                                      DOT_PRECISION)
     b_k = tl.load(k + (bos + r)[:, None] * (Hg * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0)
     b_dw = tl.load(dw + rows_hk, mask=m_tk, other=0).to(b_A.dtype)
     b_dA = b_duv * b_beta[None, :] + tl.dot(b_dw, tl.trans(b_k.to(b_A.dtype)),

@@ -185,9 +185,9 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
         "chunk_bwd_walk", "gdn_chunk_bwd_walk_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, w=s.dtype, beta=F32, gc=F32, do=s.dtype, qk=s.dtype, dht=F32,
                        cu_seqlens=I32, chunk_offsets=I32, scale="fp32", T="i32", dv=s.dtype, dh=s.dtype,
-                       dh0=F32, dv_in=s.dtype),
+                       dh0=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, USE_DHT=True, IS_VARLEN=s.varlen,
-                       DOT_PRECISION="tf32", QK_IN=True, FROM_A=True, STORE_DV=True)),
+                       DOT_PRECISION="tf32", QK_IN=True, FROM_A=True)),
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,
@@ -201,7 +201,7 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
         lambda s: dict(k=s.dtype, v=s.dtype, beta=F32, gc=F32, A=s.dtype, dw=s.dtype, du=s.dtype,
                        cu_seqlens=I32, chunk_indices=I32, T="i32", dk=s.dtype, dv=s.dtype, dbeta=F32, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, BV=value_blocks(s.K, s.K, s.itemsize)[1],
-                       V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2], DV_IN=True,
+                       V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2],
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "decode (fused_recurrent)": triton_kernel(
         "fused_recurrent", "gdn_fused_recurrent_kernel",
