@@ -133,11 +133,11 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
     dq, dk, dw, dg = launch(
         "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
-        (q, k, v_new, gc, do, dv_new, h, dh, qk, cu, ci, float(scale), T),
+        (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
         out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
         grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
-        DOT_PRECISION=prec, V_STAGES=v_stages, QK_IN=True)
+        DOT_PRECISION=prec, V_STAGES=v_stages)
     dk_wy, dv, dbeta, dg_wy = launch(
         "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
         out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),

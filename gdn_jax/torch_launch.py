@@ -321,8 +321,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
     local[(NT * H * NK, B)](
-        q, k, vn, gc, do, dv_new, h, dh, qk, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, QK_IN=qk_in,
+        q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
+        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
     dk_wy = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)

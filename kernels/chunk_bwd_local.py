@@ -17,10 +17,7 @@ the chunk's entering state ``S`` (a row of ``h``), ``dS'`` (a row of ``dh``),
     dgc = rowsum(P) - colsum(P) + scale e (do S^T . q) - c,  P = D (q k^T),  c_j = exp(gl - gc_j) k_j . (dS' v'_j)
     dgc[last] += gamma <dS', S> + sum(c)
 
-With ``QK_IN`` ``P = scale (do v'^T) Aqk`` from the output's block the
-forward's walk read (``chunk_qk.py``: ``Aqk = (q k^T) E`` over the whole K,
-in q's dtype), one product fewer a program than ``D (q k^T)``; each K block
-then adds ``1/NK`` of it. Each K block writes its share of ``dgc`` (a row of ``dg [NK, B, T, H]``; the
+Each K block writes its share of ``dgc`` (a row of ``dg [NK, B, T, H]``; the
 launcher sums them). ``dq`` and ``dk`` are per value head (float32); the
 launcher sums a key head's value heads. The sums over ``V`` run over blocks of
 ``BV`` columns.
@@ -71,7 +68,6 @@ def gdn_chunk_bwd_local_kernel(
     dv,
     h,
     dh,
-    qk,
     cu_seqlens,
     chunk_indices,
     scale,
@@ -90,7 +86,6 @@ def gdn_chunk_bwd_local_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     V_STAGES: tl.constexpr,
-    QK_IN: tl.constexpr = False,
 ):
     NK: tl.constexpr = (K + BK - 1) // BK
     i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN, NK)
@@ -140,27 +135,19 @@ def gdn_chunk_bwd_local_kernel(
     b_e = tl.where(m_t, tl.exp(b_g), 0)
     b_decay = tl.where(m_t, tl.exp(g_last - b_g), 0)
 
-    # Each accumulator is used up and stored as soon as it can be, to keep
-    # fewer [BT, *] tiles live at once (the kernel sits at 255 registers)
-    tl.store(dw + rows_hk, b_dw.to(dw.dtype.element_ty), mask=m_tk)
     b_E = causal_decay(b_g, m_t, BT)
-    if QK_IN:  # P from the forward's block (q k^T E over the whole K): each K block adds its 1/NK share
-        b_qk = tl.load(qk + ((bos + r) * H + i_h)[:, None] * BT + o_t[None, :], mask=m_t[:, None], other=0)
-        b_P = (scale / NK) * b_dov * b_qk.to(tl.float32)
-        b_dg = tl.sum(b_P, axis=1) - tl.sum(b_P, axis=0)
-        b_D = scale * b_dov * b_E  # [i, j]
-    else:
-        b_D = scale * b_dov * b_E
-        b_P = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-        b_dg = tl.sum(b_P, axis=1) - tl.sum(b_P, axis=0)
+    b_D = scale * b_dov * b_E  # [i, j]
     b_Dx = b_D.to(b_k.dtype)
-    b_dg += scale * b_e * tl.sum(b_dos * b_q.to(tl.float32), axis=1)
     b_dq = scale * b_e[:, None] * b_dos + tl.dot(b_Dx, b_k, input_precision=DOT_PRECISION)
-    tl.store(dq + rows_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    b_c = b_decay * tl.sum(b_k.to(tl.float32) * b_vds, axis=1)
-    b_dg -= b_c
     b_dk = tl.dot(tl.trans(b_Dx), b_q, input_precision=DOT_PRECISION) + b_decay[:, None] * b_vds
+    tl.store(dq + rows_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    tl.store(dw + rows_hk, b_dw.to(dw.dtype.element_ty), mask=m_tk)
+
+    b_P = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+    b_c = b_decay * tl.sum(b_k.to(tl.float32) * b_vds, axis=1)
+    b_dg = tl.sum(b_P, axis=1) - tl.sum(b_P, axis=0) + scale * b_e * tl.sum(
+        b_dos * b_q.to(tl.float32), axis=1) - b_c
     b_dgl = tl.exp(g_last) * tl.sum(b_sds, axis=0) + tl.sum(b_c, axis=0)
     b_dg += tl.where(r == last, b_dgl, 0)
     dg_rows = i_k.to(tl.int64) * tl.num_programs(1) * T * H  # this K block's share: B x T x H

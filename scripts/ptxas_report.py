@@ -142,8 +142,6 @@ def gluon_kernel(shape: Shape):
 # whole forward launches them with True (gdn_jax.chunk_bwd.core_forward), the split path and the
 # backward with False. The rows compile False; set True to see the forward's.
 SUM_G = False
-# The per-chunk backward kernel's QK_IN (P from the forward's output block): as chunk_bwd_launch launches it.
-QK_IN = True
 
 KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per kernel
     "kkt_solve (seed)": triton_kernel(
@@ -191,10 +189,10 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,
-                       dh=s.dtype, qk=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=s.dtype,
+                       dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32", T="i32", dq=s.dtype,
                        dk=s.dtype, dw=s.dtype, dg=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=value_blocks(s.K, s.K, s.itemsize)[0],
-                       V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2], QK_IN=QK_IN,
+                       V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2],
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "backward WY (wy_bwd)": triton_kernel(
         "wy_bwd", "gdn_wy_bwd_kernel",
