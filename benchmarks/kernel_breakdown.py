@@ -156,7 +156,8 @@ def main():
     for step, fn in ours.items():
         times, lines = jax_kernel_ms(fn, arrays, args.reps)
         if not times:
-            sys.exit(f"{step}: the JAX trace holds no GPU kernel (the profiler could not subscribe to CUPTI?)")
+            sys.exit(f"{step}: the JAX trace holds no GPU kernel (the profiler could not subscribe to CUPTI, "
+                     "or the trace passed protobuf's 2 GB: fewer --reps, GDN_JAX_AUTOTUNE=0)")
         progress(f"{step}: gdn_jax profiled")
         result["steps"][step] = dict(gdn_jax=times, gpu_plane_lines=sorted(set(lines)))
         (out / "kernel_breakdown.json").write_text(json.dumps(result, indent=1))

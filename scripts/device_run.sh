@@ -61,8 +61,12 @@ for phase in "$@"; do
     breakdown) python3 -P benchmarks/kernel_breakdown.py --out "$OUT" 2>&1 | tee "$OUT/breakdown.log" | tail -40;;
     # the same, gdn-jax only, for the working tree (new/) and for the base that
     # scripts/ab_base.sh REF put in .ab_base (carry it): an A/B in one call
-    # (AB_SHAPE: kernel_breakdown.py's --shape, default headline)
+    # (AB_SHAPE: kernel_breakdown.py's --shape, default headline), at the fixed
+    # configs: kernel code against kernel code, and with the autotuned
+    # kernels the forward + backward trace of 10 steps passed protobuf's 2 GB
+    # (2.44 GB on an H100) and came back empty
     ab) [ -d .ab_base/gdn_jax ] || { echo "ab: no .ab_base (scripts/ab_base.sh REF, and carry .ab_base)"; continue; }
+      export GDN_JAX_AUTOTUNE=0
       rm -rf /tmp/pkg_base && mkdir -p /tmp/pkg_base && cp -r .ab_base/gdn_jax /tmp/pkg_base/
       echo "base: $(cat .ab_base/REF)"
       python3 -P benchmarks/kernel_breakdown.py --no-fla --shape "${AB_SHAPE:-headline}" --out "$OUT/new" 2>&1 | tail -24
