@@ -66,11 +66,10 @@ for phase in "$@"; do
     # kernels the forward + backward trace of 10 steps passed protobuf's 2 GB
     # (2.44 GB on an H100) and came back empty
     ab) [ -d .ab_base/gdn_jax ] || { echo "ab: no .ab_base (scripts/ab_base.sh REF, and carry .ab_base)"; continue; }
-      export GDN_JAX_AUTOTUNE=0
       rm -rf /tmp/pkg_base && mkdir -p /tmp/pkg_base && cp -r .ab_base/gdn_jax /tmp/pkg_base/
       echo "base: $(cat .ab_base/REF)"
-      python3 -P benchmarks/kernel_breakdown.py --no-fla --shape "${AB_SHAPE:-headline}" --out "$OUT/new" 2>&1 | tail -24
-      PYTHONPATH=${PYTHONPATH/\/tmp\/pkg:/\/tmp\/pkg_base:} python3 -P benchmarks/kernel_breakdown.py --no-fla \
+      GDN_JAX_AUTOTUNE=0 python3 -P benchmarks/kernel_breakdown.py --no-fla --shape "${AB_SHAPE:-headline}" --out "$OUT/new" 2>&1 | tail -24
+      GDN_JAX_AUTOTUNE=0 PYTHONPATH=${PYTHONPATH/\/tmp\/pkg:/\/tmp\/pkg_base:} python3 -P benchmarks/kernel_breakdown.py --no-fla \
         --shape "${AB_SHAPE:-headline}" --out "$OUT/base" 2>&1 | tail -24;;
     train) python3 -P examples/train_gdn.py --width 256 --heads 2 --v-heads 4 --head-dim 64 --batch 64 --copy-len 32 --dtype bfloat16 2>&1 | tee "$OUT/train.log" | tail -10;;
     # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags
