@@ -61,7 +61,6 @@ UNTUNED = {
     "chunk_bwd_walk": dict(BV=32, TRANSPOSED=False, num_warps=4, num_stages=2),
     "chunk_bwd_local": dict(num_warps=4, num_stages=2),
     "wy_bwd": dict(num_warps=4, num_stages=2),
-    "chunk_bwd_fused": dict(num_warps=8, num_stages=2),
     "fused_recurrent": dict(BV=32, num_warps=4, num_stages=2),
 }
 # ... for float32 inputs, where a kernel's fixed config above asks more shared

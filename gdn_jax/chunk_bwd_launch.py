@@ -93,8 +93,10 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     grid = head_fastest_grid(NT, H, B)
     BK = _pow2(K)
     BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
-    BVl, _, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the fused kernel's V blocks
-    check_grid("backward", grid, ("chunks * value heads (NT * H)", "batch rows B"))
+    NK = cdiv(K, BKl)
+    BVl, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk and WY kernels' V blocks
+    check_grid("backward", (grid[0] * NK, grid[1]),
+               ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     cu = cu_seqlens if varlen else dummy
     ci = chunk_indices if varlen else dummy
@@ -111,7 +113,9 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         h = h.reshape((B * NT,) + h.shape[2:])
     if qk is None:
         qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
+    from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
+    from .kernels.wy_bwd import gdn_wy_bwd_kernel
 
     # dv' in k's dtype: both kernels that read it round it to that dtype for
     # their dots (the per-chunk kernel to k's, the WY one to A's, which is
@@ -127,14 +131,20 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         DOT_PRECISION=prec, QK_IN=True, FROM_A=True)
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
     per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
-    rows_f32 = jax.ShapeDtypeStruct(beta.shape, f32)
-    from .kernels.chunk_bwd_fused import gdn_chunk_bwd_fused_kernel
-
-    dq, dk, dv, dbeta, dg = launch(
-        "chunk_bwd_fused", gdn_chunk_bwd_fused_kernel,
-        (q, k, v, v_new, beta, gc, A, do, dv_new, h, dh, cu, ci, float(scale), T),
-        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), rows_f32, rows_f32),
-        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
+    dq, dk, dw, dg = launch(
+        "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
+        (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
+        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
+             jax.ShapeDtypeStruct((NK, B, T, H), f32)),
+        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
+        DOT_PRECISION=prec, V_STAGES=v_stages)
+    dk_wy, dv, dbeta, dg_wy = launch(
+        "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
+        out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
+             jax.ShapeDtypeStruct(gc.shape, f32)),
+        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BVw, IS_VARLEN=varlen,
         DOT_PRECISION=prec, V_STAGES=v_stages)
 
-    return (key_heads(dq, Hg, q.dtype), key_heads(dk, Hg, k.dtype), dv, dg, dbeta, dh0)
+    return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
+            dg.sum(0) + dg_wy, dbeta, dh0)
+

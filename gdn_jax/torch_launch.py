@@ -247,8 +247,7 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
 
 
 def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None, *, scale,
-                    dot_precision="tf32", config=None, configs=None, qk_in=True, from_A=True,
-                    fused=False):
+                    dot_precision="tf32", config=None, configs=None, qk_in=True, from_A=True):
     """The backward of the chunked forward from the Triton kernels on torch
     tensors (the interpreter tests' launch of the whole pipeline):
     ``(dq, dk, dv, dgc, dbeta, dh0)`` as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`.
@@ -258,8 +257,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     backward; then the sums over K blocks and value heads (torch).
     ``qk_in=False`` has the reverse walk form ``q k^T`` itself, ``from_A=False``
     rebuilds ``w, u`` (``recompute_w_u``) for both walks (the kernels' other
-    forms, for tests and the probe); ``fused=True`` runs the per-chunk and WY
-    backward as one kernel (``kernels/chunk_bwd_fused.py``).
+    forms, for tests and the probe).
     ``config``: the recompute walk's config; ``configs`` (``{kernel name:
     config kwargs}``, names as in :data:`gdn_jax.autotune.UNTUNED`, Triton
     launch options such as ``maxnreg`` included, and ``BV`` of the per-chunk
@@ -312,28 +310,14 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         offsets, float(scale), T,
         dv_new, dh, dh0, H=H, Hg=Hg, K=K, V=V, BT=64, BK=BK, USE_DHT=dht is not None,
         IS_VARLEN=varlen, DOT_PRECISION=dot_precision, QK_IN=qk_in, FROM_A=from_A, **walk_config)
-    heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
-    BVl, BVw, v_stages = value_blocks(K, V, k.element_size())  # as chunk_bwd_launch
-    part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
-    dq = torch.empty(B, T, H, K, device=dev, dtype=part)
-    dk = torch.empty_like(dq)
-    dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
-    dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
-    if fused:
-        from .kernels.chunk_bwd_fused import gdn_chunk_bwd_fused_kernel
-
-        dg = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
-        kern, kern_config = tuned_or_fixed(gdn_chunk_bwd_fused_kernel, "chunk_bwd_fused", False, configs)
-        kern_config = dict(kern_config)
-        kern[grid](
-            q, k, v, vn, beta, gc, A, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dv, dbeta, dg,
-            H=H, Hg=Hg, K=K, V=V, BT=64, BK=kern_config.pop("BK", min(64, BK)), IS_VARLEN=varlen,
-            DOT_PRECISION=dot_precision, **{"BV": BVl, "V_STAGES": v_stages, **kern_config})
-        return heads(dq), heads(dk), dv, dg, dbeta, dh0
     local, local_config = tuned_or_fixed(gdn_chunk_bwd_local_kernel, "chunk_bwd_local", False, configs)
     local_config = dict(local_config)
     BKl = local_config.pop("BK", min(64, BK))
     NK = cdiv(K, BKl)
+    BVl, BVw, v_stages = value_blocks(K, V, k.element_size())  # as chunk_bwd_launch
+    part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
+    dq = torch.empty(B, T, H, K, device=dev, dtype=part)
+    dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
     local[(NT * H * NK, B)](
@@ -341,12 +325,15 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
     dk_wy = torch.empty_like(dq)
+    dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
+    dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     dg_wy = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
     wy[grid](
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
         BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
+    heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
     return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
 
 

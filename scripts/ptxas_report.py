@@ -201,14 +201,6 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, BV=value_blocks(s.K, s.K, s.itemsize)[1],
                        V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2],
                        IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
-    "backward per chunk and WY (chunk_bwd_fused)": triton_kernel(
-        "chunk_bwd_fused", "gdn_chunk_bwd_fused_kernel",
-        lambda s: dict(q=s.dtype, k=s.dtype, v=s.dtype, v_new=s.dtype, beta=F32, gc=F32, A=s.dtype, do=s.dtype,
-                       du=s.dtype, h=s.dtype, dh=s.dtype, cu_seqlens=I32, chunk_indices=I32, scale="fp32",
-                       T="i32", dq=s.dtype, dk=s.dtype, dv=s.dtype, dbeta=F32, dg=F32),
-        lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=min(64, s.K), BV=value_blocks(s.K, s.K, s.itemsize)[0],
-                       V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2],
-                       IS_VARLEN=s.varlen, DOT_PRECISION="tf32")),
     "decode (fused_recurrent)": triton_kernel(
         "fused_recurrent", "gdn_fused_recurrent_kernel",
         lambda s: dict(q=BF, k=BF, v=BF, g=F32, beta=F32, A_log=F32, dt_bias=F32, cu_seqlens=I32,

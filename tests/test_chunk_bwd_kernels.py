@@ -125,21 +125,3 @@ def test_reverse_walk_transposed_fixed_length(dtype):
     """The transposed reverse walk on fixed-length rows, GQA 2, T not a multiple of 64."""
     configs = {"chunk_bwd_walk": dict(BV=16, TRANSPOSED=True, num_warps=4, num_stages=2)}
     run(dtype, 2, 130, 1, 2, 32, 32, seed=14, configs=configs)
-
-
-@pytest.mark.parametrize("dtype,B,T,Hg,H,K,V,cu,configs", [
-    ("float32", 2, 130, 2, 4, 32, 16, None, None),
-    ("float16", 2, 330, 1, 2, 32, 16, None, None),
-    ("float32", 1, 1, 1, 2, 32, 16, None, None),
-    ("float32", 1, 200, 2, 4, 32, 16, [0, 0, 1, 70, 200], None),
-    ("float32", 1, 150, 1, 2, 96, 40, [0, 1, 70, 150], None),  # two key blocks, the second masked
-    ("float32", 2, 70, 1, 2, 32, 160, None, None),  # two value blocks of 128, the second masked
-    ("float16", 1, 150, 1, 2, 32, 40, [0, 0, 1, 70, 150],
-     {"chunk_bwd_fused": dict(V_STAGES=2, BV=16, num_warps=4, num_stages=2)}),  # pipelined value blocks
-    ("float32", 1, 150, 1, 2, 64, 16, [0, 1, 70, 150],
-     {"chunk_bwd_fused": dict(BK=16, num_warps=4, num_stages=2)}),  # four key blocks
-])
-def test_fused_per_chunk_and_wy(dtype, B, T, Hg, H, K, V, cu, configs):
-    """The per-chunk and WY backward as one kernel (``kernels/chunk_bwd_fused.py``):
-    GQA, empty and one-row sequences, key and value columns past one block."""
-    run(dtype, B, T, Hg, H, K, V, cu=cu, seed=T + K, configs=configs, fused=True)
