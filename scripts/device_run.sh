@@ -68,9 +68,11 @@ for phase in "$@"; do
     ab) [ -d .ab_base/gdn_jax ] || { echo "ab: no .ab_base (scripts/ab_base.sh REF, and carry .ab_base)"; continue; }
       rm -rf /tmp/pkg_base && mkdir -p /tmp/pkg_base && cp -r .ab_base/gdn_jax /tmp/pkg_base/
       echo "base: $(cat .ab_base/REF)"
-      GDN_JAX_AUTOTUNE=0 python3 -P benchmarks/kernel_breakdown.py --no-fla --shape "${AB_SHAPE:-headline}" --out "$OUT/new" 2>&1 | tail -24
-      GDN_JAX_AUTOTUNE=0 PYTHONPATH=${PYTHONPATH/\/tmp\/pkg:/\/tmp\/pkg_base:} python3 -P benchmarks/kernel_breakdown.py --no-fla \
-        --shape "${AB_SHAPE:-headline}" --out "$OUT/base" 2>&1 | tail -24;;
+      for side in new base; do
+        path=$PYTHONPATH; [ $side = base ] && path=${PYTHONPATH/\/tmp\/pkg:/\/tmp\/pkg_base:}
+        GDN_JAX_AUTOTUNE=0 PYTHONPATH=$path python3 -P benchmarks/kernel_breakdown.py --no-fla \
+          --shape "${AB_SHAPE:-headline}" --out "$OUT/$side" 2>&1 | tail -24
+      done;;
     train) python3 -P examples/train_gdn.py --width 256 --heads 2 --v-heads 4 --head-dim 64 --batch 64 --copy-len 32 --dtype bfloat16 2>&1 | tee "$OUT/train.log" | tail -10;;
     # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags
     test-gluon) python3 -P -m pytest -q -rfs -n 8 -p no:cacheprovider tests/test_gluon_gpu.py tests/test_gluon_launch.py 2>&1 | tee "$OUT/test_gluon_jt$JT.log" | tail -12;;
