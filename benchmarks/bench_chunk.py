@@ -17,9 +17,9 @@ JSON records ``autotuned``).
 
 ``--backward`` times forward + backward instead (``jax.value_and_grad`` of
 ``sum(o * do) + sum(final * dht)`` with respect to q, k, v, g, beta and the
-initial state, the loss computed as a training step does: under ``jax.grad``
-alone XLA drops the forward's walk, whose outputs only the loss reads; fla's
-forward and ``backward`` of the same loss) and records each side's peak memory of
+initial state, the loss's value computed as a training step does; fla's
+forward, the same loss's value and its gradients, :func:`fla_training_step`)
+and records each side's peak memory of
 that step (JAX: the compiled step's arguments, outputs and temporaries; torch:
 ``max_memory_allocated`` over the step). fla 0.6 refuses its gated backward on
 Hopper with triton < 3.7.1 (that triton miscompiled its ``dq/dk/dw/dg``
@@ -125,6 +125,29 @@ def fla_forward():
     return chunk_gated_delta_rule
 
 
+def fla_training_step(fla, leaves, tdo, tdht, tcu):
+    """fla's step on the torch ``leaves`` (q, k, v, g, beta, h0): the forward,
+    the value of the loss ``sum(o * do) + sum(final * dht)`` and its
+    gradients into the leaves' ``.grad``. The value is one dot product over
+    ``o`` and ``do`` (one read of each, as XLA's fused reduction on our side);
+    the gradients come from autograd on the cotangents ``(do, dht)``, which
+    are the loss's. Spelled ``(o.float() * do.float()).sum().backward()``,
+    torch would write and read float32 copies of ``o`` and ``do`` besides,
+    time that is eager torch's, not fla's."""
+    import torch
+
+    def step():
+        for x in leaves:
+            x.grad = None
+        o, f = fla(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=tcu)
+        with torch.no_grad():
+            value = torch.dot(o.reshape(-1), tdo.reshape(-1)).float() + torch.sum(f * tdht)
+        torch.autograd.backward((o, f), (tdo, tdht))
+        return value
+
+    return step
+
+
 def with_ratios(row):
     """``row`` with fla's and the jnp path's time over ours, and the configs the JAX autotuner chose."""
     for col in ("fla", "jnp"):
@@ -174,12 +197,7 @@ def bench_backward(name, B, T, Hg, H, K, V, lens, with_reference):
         tdo, tdht = torch.from_dlpack(do), torch.from_dlpack(dht)
         tcu = None if cu is None else torch.from_dlpack(cu).long()
 
-        def fla_step():
-            for x in leaves:
-                x.grad = None
-            o, f = fla(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=tcu)
-            ((o.float() * tdo.float()).sum() + (f.float() * tdht).sum()).backward()
-
+        fla_step = fla_training_step(fla, leaves, tdo, tdht, tcu)
         fla_step()
         torch.cuda.synchronize()
         progress(f"{name}: fla compiled and run")

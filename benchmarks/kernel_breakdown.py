@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import gdn_jax  # noqa: E402
-from bench_chunk import SHAPES, fla_forward, make_inputs, progress  # noqa: E402
+from bench_chunk import SHAPES, fla_forward, fla_training_step, make_inputs, progress  # noqa: E402
 from bench_fwd_intra import torch_triton_cache  # noqa: E402
 
 # Lines of the GPU plane that repeat the kernels' time under another grouping.
@@ -98,7 +98,7 @@ def steps(B, T, Hg, H, K, V, lens, with_fla=True):
         return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32)) + jnp.sum(f * dht)
 
     args = (q, k, v, g, beta, h0)
-    # the loss computed, as a training step does (under jax.grad alone XLA drops the forward's walk)
+    # the loss's value computed, as a training step does (bench_chunk.fla_training_step on fla's side)
     ours = {"forward": jax.jit(forward),
             "forward + backward": jax.jit(jax.value_and_grad(loss, argnums=range(6)))}
     fla = fla_forward() if with_fla else None
@@ -117,13 +117,7 @@ def steps(B, T, Hg, H, K, V, lens, with_fla=True):
         with torch.no_grad():
             fla(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=tcu)
 
-    def fla_step():
-        for x in leaves:
-            x.grad = None
-        o, f = fla(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=tcu)
-        ((o.float() * tdo.float()).sum() + (f.float() * tdht).sum()).backward()
-
-    return ours, args, {"forward": fla_fwd, "forward + backward": fla_step}
+    return ours, args, {"forward": fla_fwd, "forward + backward": fla_training_step(fla, leaves, tdo, tdht, tcu)}
 
 
 def print_table(title, times):
