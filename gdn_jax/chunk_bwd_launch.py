@@ -1,9 +1,8 @@
 """Launch of the backward kernels through jax-triton: the recompute of the
 chunk states and ``v'`` (the forward's walk from ``A``), the reverse walk,
 the per-chunk gradients and the WY backward (``kernels/chunk_bwd_walk.py``,
-``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``), then in jnp the sum
-of ``dgc``'s shares (per K block, and the WY kernel's) and of ``dk``'s (the
-per-chunk kernel's, per key head, and the WY kernel's, over GQA heads).
+``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``), then the sums over K
+blocks and GQA heads in jnp.
 
 What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``),
 the output's attention block its walk read (``chunk_qk``, as large; formed
@@ -60,11 +59,12 @@ def value_blocks(K: int, V: int, itemsize: int) -> tuple[int, int, int]:
 
 
 def partials_in_input_dtype(dtype_name: str) -> bool:
-    """Whether the kernels write their shares of ``dk`` (the per-chunk
-    kernel's per key head, the WY kernel's per value head, summed in
-    float32) in the inputs' dtype: for bfloat16, which halves the bytes the
-    kernels write and the sum reads (float32's range: no overflow); float32
-    else (float16's range could overflow where the shares cancel)."""
+    """Whether the kernels write the per-value-head partials of ``dq`` and
+    ``dk`` (summed over GQA heads and, for ``dk``, the per-chunk and WY
+    kernels' shares, in float32) in the inputs' dtype: for bfloat16, which
+    halves the bytes the kernels write and the sums read (float32's range:
+    no overflow); float32 else (float16's range could overflow where the
+    shares cancel)."""
     return dtype_name == "bfloat16"
 
 
@@ -95,9 +95,8 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
     NK = cdiv(K, BKl)
     BVl, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk and WY kernels' V blocks
-    key_grid = head_fastest_grid(NT, Hg, B)  # the per-chunk kernel's: a key head's value heads in one program
-    check_grid("backward", grid, ("chunks * value heads (NT * H)", "batch rows B"))
-    check_grid("backward", (key_grid[0] * NK, B), ("chunks * key heads * K blocks (NT * Hg * NK)", "batch rows B"))
+    check_grid("backward", (grid[0] * NK, grid[1]),
+               ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     cu = cu_seqlens if varlen else dummy
     ci = chunk_indices if varlen else dummy
@@ -131,20 +130,21 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
         DOT_PRECISION=prec, QK_IN=True, FROM_A=True)
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
+    per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
     dq, dk, dw, dg = launch(
         "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
-        out=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, part),
-             jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((NK, B, T, H), f32)),
-        grid=(key_grid[0] * NK, key_grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl,
-        IS_VARLEN=varlen, DOT_PRECISION=prec, V_STAGES=v_stages)
+        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
+             jax.ShapeDtypeStruct((NK, B, T, H), f32)),
+        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
+        DOT_PRECISION=prec, V_STAGES=v_stages)
     dk_wy, dv, dbeta, dg_wy = launch(
         "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
-        out=(jax.ShapeDtypeStruct((B, T, H, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
-             jax.ShapeDtypeStruct(beta.shape, f32), jax.ShapeDtypeStruct(gc.shape, f32)),
+        out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
+             jax.ShapeDtypeStruct(gc.shape, f32)),
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BVw, IS_VARLEN=varlen,
         DOT_PRECISION=prec, V_STAGES=v_stages)
 
-    dk = (dk.astype(f32) + key_heads(dk_wy, Hg, f32)).astype(k.dtype)
-    return dq, dk, dv, dg.sum(0) + dg_wy, dbeta, dh0
+    return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
+            dg.sum(0) + dg_wy, dbeta, dh0)
 

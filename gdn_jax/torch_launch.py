@@ -254,7 +254,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     The steps, as :func:`gdn_jax.chunk_bwd_launch.chunk_bwd_triton`: the walk
     from ``A`` again storing the chunk states and ``v'``, the output block
     (``chunk_qk``), the reverse walk, the per-chunk gradients, the WY
-    backward; then the sums of the K blocks' and kernels' shares (torch).
+    backward; then the sums over K blocks and value heads (torch).
     ``qk_in=False`` has the reverse walk form ``q k^T`` itself, ``from_A=False``
     rebuilds ``w, u`` (``recompute_w_u``) for both walks (the kernels' other
     forms, for tests and the probe).
@@ -316,15 +316,15 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     NK = cdiv(K, BKl)
     BVl, BVw, v_stages = value_blocks(K, V, k.element_size())  # as chunk_bwd_launch
     part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
-    dq = torch.empty(B, T, Hg, K, device=dev, dtype=q.dtype)  # the key heads' (GQA sums in the kernel)
-    dk = torch.empty(B, T, Hg, K, device=dev, dtype=part)
+    dq = torch.empty(B, T, H, K, device=dev, dtype=part)
+    dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
-    local[(NT * Hg * NK, B)](
+    local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
-    dk_wy = torch.empty(B, T, H, K, device=dev, dtype=part)
+    dk_wy = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     dg_wy = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
@@ -333,8 +333,8 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
         BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
-    dk = dk.float() + dk_wy.float().view(B, T, Hg, H // Hg, K).sum(3)  # the WY kernel's over GQA heads
-    return dq.float(), dk, dv, dg.sum(0) + dg_wy, dbeta, dh0
+    heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
+    return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
 
 
 def fused_recurrent_torch(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None,
