@@ -25,6 +25,8 @@ a key head's ``dq``, ``dk`` sum over the value heads that read it.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -80,12 +82,8 @@ def chunk_bwd_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
 
     last = jnp.maximum(valid.sum(-1) - 1, 0)
     gl = jnp.take_along_axis(g, last[:, :, None, None], axis=2)[:, :, 0]  # [L, M, H]
-    rows = valid[..., None]  # [L, M, BT, 1]
-    e = jnp.where(rows, jnp.exp(g), 0)
+    rows, e, E = chunk_decays(g, valid)
     kt = kk * jnp.where(rows, jnp.exp(gl[:, :, None] - g), 0)[..., None]
-    gt = jnp.swapaxes(g, -1, -2)  # [L, M, H, BT]
-    causal = jnp.tril(jnp.ones((BT, BT), bool)) & valid[:, :, None, :, None] & valid[:, :, None, None, :]
-    E = jnp.where(causal, jnp.exp(jnp.where(causal, gt[..., :, None] - gt[..., None, :], 0)), 0)
     QK = _ein("lmihk,lmjhk->lmhij", qq, kk)  # [L, M, H, BT, BT]
     M = QK * E
     dv_local = scale * _ein("lmhij,lmihv->lmjhv", M, dO)
@@ -122,16 +120,47 @@ def chunk_bwd_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
     dg = dg + jnp.where(jnp.arange(BT)[None, None, :, None] == last[:, :, None, None], dgl[:, :, None], 0)
 
     # through the WY representation
-    du = dvn
+    dv, db, dk_wy, dg_wy = wy_bwd_chunks(Ac, kk, vv, b, e, E, dvn, dw)
+    dk, dg = dk + dk_wy, dg + dg_wy
+
+    to_rows = functools.partial(chunk_rows, unchunk, rows)
+    return (key_heads(to_rows(dq), Hg, ct), key_heads(to_rows(dk), Hg, ct), to_rows(dv),
+            to_rows(dg), to_rows(db), dstates.astype(ct))
+
+
+def chunk_decays(g, valid):
+    """``(rows, e, E)`` of chunk-laid gates ``g [L, M, BT, H]``: the valid
+    rows ``[L, M, BT, 1]``, ``e = exp(g)`` (0 past the end) and ``E [L, M, H,
+    i, j] = exp(g_i - g_j)`` for valid ``i >= j``, else 0."""
+    rows = valid[..., None]
+    gt = jnp.swapaxes(g, -1, -2)  # [L, M, H, BT]
+    causal = jnp.tril(jnp.ones((BT, BT), bool)) & valid[:, :, None, :, None] & valid[:, :, None, None, :]
+    E = jnp.where(causal, jnp.exp(jnp.where(causal, gt[..., :, None] - gt[..., None, :], 0)), 0)
+    return rows, jnp.where(rows, jnp.exp(g), 0), E
+
+
+def chunk_rows(unchunk, rows, x):
+    """``[B, T, ...]`` of chunk-laid ``x [L, M, BT, H(, .)]``, rows past a chunk's end 0."""
+    return unchunk(jnp.where(rows if x.ndim == 4 else rows[..., None], x, 0))
+
+
+def wy_bwd_chunks(Ac, kk, vv, b, e, E, du, dw, dA=None):
+    """``(dv, dbeta, dk, dgc)`` through ``u = A (beta v)``, ``w = A (beta e
+    k)`` and ``A = (I + L)^-1`` (module docstring) in the chunk layout ``[L,
+    M, BT, H, .]`` (``Ac [L, M, BT, H, BT]``, keys repeated to the value
+    heads, ``e``, ``E`` of :func:`chunk_decays`); ``dA``: a cotangent of
+    ``A`` itself (laid out as ``Ac``), or None."""
     Atdu = _ein("lmihj,lmihv->lmjhv", Ac, du)
     Atdw = _ein("lmihj,lmihk->lmjhk", Ac, dw)
     dv = b[..., None] * Atdu
     db = jnp.sum(Atdu * vv, -1) + jnp.sum(Atdw * e[..., None] * kk, -1)
-    dk = dk + (b * e)[..., None] * Atdw
-    dg = dg + b * e * jnp.sum(Atdw * kk, -1)
+    dk = (b * e)[..., None] * Atdw
+    dg = b * e * jnp.sum(Atdw * kk, -1)
     At = jnp.swapaxes(Ac, -2, -3)  # [L, M, H, i, j]
-    dA = _ein("lmihv,lmjhv->lmhij", du, b[..., None] * vv) + _ein(
+    dA_wy = _ein("lmihv,lmjhv->lmhij", du, b[..., None] * vv) + _ein(
         "lmihk,lmjhk->lmhij", dw, (b * e)[..., None] * kk)
+    # A an output too (fwd_intra's own backward): its cotangent, [L, M, i, H, j] -> [L, M, H, i, j]
+    dA = dA_wy if dA is None else dA_wy + jnp.swapaxes(dA, 2, 3)
     dL = -_ein("lmhai,lmhab,lmhjb->lmhij", At, dA, At)  # -A^T dA A^T
     strict = jnp.tril(jnp.ones((BT, BT), bool), -1)
     dL = jnp.where(strict, dL, 0)
@@ -142,12 +171,7 @@ def chunk_bwd_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
     dk = dk + _ein("lmhij,lmjhk->lmihk", dLb, kk) + _ein("lmhij,lmihk->lmjhk", dLb, kk)
     LdL = dL * bt * G
     dg = dg + jnp.swapaxes(LdL.sum(-1) - LdL.sum(-2), -1, -2)
-
-    def to_rows(x):
-        return unchunk(jnp.where(rows if x.ndim == 4 else rows[..., None], x, 0))
-
-    return (key_heads(to_rows(dq), Hg, ct), key_heads(to_rows(dk), Hg, ct), to_rows(dv),
-            to_rows(dg), to_rows(db), dstates.astype(ct))
+    return dv, db, dk, dg
 
 
 def key_heads(x, Hg: int, dtype):

@@ -94,7 +94,7 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     BK = _pow2(K)
     BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
     NK = cdiv(K, BKl)
-    BVl, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk and WY kernels' V blocks
+    BVl, _, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk kernel's V blocks
     check_grid("backward", (grid[0] * NK, grid[1]),
                ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
@@ -115,7 +115,6 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
-    from .kernels.wy_bwd import gdn_wy_bwd_kernel
 
     # dv' in k's dtype: both kernels that read it round it to that dtype for
     # their dots (the per-chunk kernel to k's, the WY one to A's, which is
@@ -138,13 +137,37 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
         grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
         DOT_PRECISION=prec, V_STAGES=v_stages)
-    dk_wy, dv, dbeta, dg_wy = launch(
-        "wy_bwd", gdn_wy_bwd_kernel, (k, v, beta, gc, A, dw, dv_new, cu, ci, T),
-        out=(per_head_k, jax.ShapeDtypeStruct((B, T, H, V), v.dtype), jax.ShapeDtypeStruct(beta.shape, f32),
-             jax.ShapeDtypeStruct(gc.shape, f32)),
-        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, BV=BVw, IS_VARLEN=varlen,
-        DOT_PRECISION=prec, V_STAGES=v_stages)
+    dk_wy, dv, dbeta, dg_wy = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
             dg.sum(0) + dg_wy, dbeta, dh0)
 
+
+
+def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None):
+    """``(dk, dv, dbeta, dgc)`` through ``fwd_intra``'s ``w``, ``u`` (and ``A``
+    where ``dA`` is given) from the WY kernel (``kernels/wy_bwd.py``): ``dk``
+    per value head ``[B, T, H, K]`` (bfloat16 for bfloat16 inputs, else
+    float32), ``dv`` in v's dtype, ``dbeta`` and ``dgc`` float32. ``dw [B,
+    T, H, K]``, ``du [B, T, H, V]``, ``dA [B, T, H, 64]``: the cotangents,
+    laid out as ``w``, ``u``, ``A``; ``gc`` the chunk-local cumulative gates."""
+    from .kernels.wy_bwd import gdn_wy_bwd_kernel
+
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    varlen = cu_seqlens is not None
+    NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
+    grid = head_fastest_grid(NT, H, B)
+    check_grid("backward", grid, ("chunks * value heads (NT * H)", "batch rows B"))
+    dummy = jnp.zeros((1,), jnp.int32)
+    f32 = jnp.float32
+    part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
+    _, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)
+    return launch(
+        "wy_bwd", gdn_wy_bwd_kernel,
+        (k, v, beta, gc, A, dw, du, dummy if dA is None else dA, cu_seqlens if varlen else dummy,
+         chunk_indices if varlen else dummy, T),
+        out=(jax.ShapeDtypeStruct((B, T, H, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
+             jax.ShapeDtypeStruct(beta.shape, f32), jax.ShapeDtypeStruct(gc.shape, f32)),
+        grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_pow2(K), BV=BVw, IS_VARLEN=varlen,
+        DOT_PRECISION=dot_precision(), V_STAGES=v_stages, DA_IN=dA is not None)

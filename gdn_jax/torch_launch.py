@@ -269,7 +269,6 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     from .chunk_indices import chunk_offsets
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
-    from .kernels.wy_bwd import gdn_wy_bwd_kernel
 
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
@@ -314,7 +313,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     local_config = dict(local_config)
     BKl = local_config.pop("BK", min(64, BK))
     NK = cdiv(K, BKl)
-    BVl, BVw, v_stages = value_blocks(K, V, k.element_size())  # as chunk_bwd_launch
+    BVl, _, v_stages = value_blocks(K, V, k.element_size())  # as chunk_bwd_launch
     part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
     dq = torch.empty(B, T, H, K, device=dev, dtype=part)
     dk = torch.empty_like(dq)
@@ -324,17 +323,42 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
-    dk_wy = torch.empty_like(dq)
-    dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
-    dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
-    dg_wy = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
-    wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
-    wy[grid](
-        k, v, beta, gc, A, dw, dv_new, cu, ci, T, dk_wy, dv, dbeta, dg_wy, H=H, Hg=Hg, K=K, V=V,
-        BT=64, BK=BK, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
-        **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
+    dk_wy, dv, dbeta, dg_wy = wy_bwd_torch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens,
+                                           dot_precision=dot_precision, configs=configs)
     heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
     return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
+
+
+def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_precision="tf32",
+                 configs=None):
+    """``(dk, dv, dbeta, dgc)`` of the WY kernel on torch tensors, as
+    :func:`gdn_jax.chunk_bwd_launch.wy_bwd_launch` (``dk`` per value head;
+    ``configs`` as :func:`chunk_bwd_torch`'s)."""
+    import torch
+
+    from .chunk_bwd_launch import _pow2, partials_in_input_dtype, value_blocks
+    from .kernels.wy_bwd import gdn_wy_bwd_kernel
+
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    varlen = cu_seqlens is not None
+    dev = k.device
+    dummy = torch.zeros(1, dtype=torch.int32, device=dev)
+    ci = chunk_indices_torch(cu_seqlens, dev) if varlen else dummy
+    NT = cdiv(T, 64) if not varlen else len(ci)
+    _, BVw, v_stages = value_blocks(K, V, k.element_size())
+    part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
+    dk = torch.empty(B, T, H, K, device=dev, dtype=part)
+    dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
+    dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
+    dg = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
+    wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
+    wy[head_fastest_grid(NT, H, B)](
+        k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
+        dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, dk, dv, dbeta, dg, H=H, Hg=Hg, K=K,
+        V=V, BT=64, BK=_pow2(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, DA_IN=dA is not None,
+        **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
+    return dk, dv, dbeta, dg
 
 
 def fused_recurrent_torch(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None,

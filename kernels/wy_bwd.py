@@ -15,7 +15,9 @@ head::
 One program per (chunk, value head) on the head-fastest grid of the intra
 kernels (``tiles.program_chunk``), the whole ``K`` as one tile, ``V`` in
 blocks of ``BV`` columns;
-``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``dk`` is per value head
+``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``DA_IN``: ``dA`` holds a cotangent of
+``A`` itself (laid out as ``A``), added to the one above (``fwd_intra``'s
+own backward, whose ``A`` is an output). ``dk`` is per value head
 (float32; the launcher sums a key head's value heads and adds the walk's part).
 """
 import triton
@@ -54,6 +56,7 @@ def gdn_wy_bwd_kernel(
     A,
     dw,
     du,
+    dA,
     cu_seqlens,
     chunk_indices,
     T,
@@ -71,6 +74,7 @@ def gdn_wy_bwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     V_STAGES: tl.constexpr,
+    DA_IN: tl.constexpr = False,
 ):
     i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= seq_len:
@@ -110,6 +114,9 @@ def gdn_wy_bwd_kernel(
     b_dw = tl.load(dw + rows_hk, mask=m_tk, other=0).to(b_A.dtype)
     b_dA = b_duv * b_beta[None, :] + tl.dot(b_dw, tl.trans(b_k.to(b_A.dtype)),
                                             input_precision=DOT_PRECISION) * (b_beta * b_e)[None, :]
+    if DA_IN:  # fwd_intra's own backward: the cotangent of its output A adds to the one through w, u
+        b_dA += tl.load(dA + rows[:, None] * BT + o_t[None, :], mask=m_t[:, None] & m_t[None, :],
+                        other=0).to(tl.float32)
     b_dL = tl.dot(b_dA.to(b_A.dtype), tl.trans(b_A), input_precision=DOT_PRECISION)
     b_dL = -tl.dot(tl.trans(b_A), b_dL.to(b_A.dtype), input_precision=DOT_PRECISION)
     strict = (o_t[:, None] > o_t[None, :]) & m_t[:, None] & m_t[None, :]

@@ -28,6 +28,7 @@ ROWS = {  # scripts/ptxas_report.py's row -> the kernel's name in gdn_jax.autotu
     "backward reverse walk (chunk_bwd_walk)": "chunk_bwd_walk",
     "backward per chunk (chunk_bwd_local)": "chunk_bwd_local",
     "backward WY (wy_bwd)": "wy_bwd",
+    "fwd_intra's backward (wy_bwd, DA_IN)": "wy_bwd",
 }
 DTYPES = ("bfloat16", "float32")
 DIMS = (128, 256)
