@@ -25,6 +25,7 @@ from .chunk_walk import chunk_walk
 from .intra import fwd_intra
 from .options import state_from_k_major, state_to_k_major
 from .sharding import Layout, fwd_intra_sharded, partitioned, sharded_call, varying_like
+from .validate import check_not_forward_mode
 
 
 class BwdStatic(NamedTuple):
@@ -182,25 +183,3 @@ def run_core(static: CoreStatic, triton: bool, q, k, v, a, beta, h0, cu, ci):
         return core_forward(static, q, k, v, a, beta, h0, cu, ci)[0]
     check_not_forward_mode("chunk_gated_delta_rule", static.impl, (q, k, v, a, beta, h0))
     return gdn_core(static, q, k, v, a, beta, h0, cu, ci)
-
-
-def check_not_forward_mode(op: str, impl: str, arrays) -> None:
-    """NotImplementedError under ``jax.jvp`` / ``jax.jacfwd`` (forward mode):
-    the GPU path's derivative is a ``custom_vjp`` (reverse mode only). Seen
-    from the inputs' tracers (``jax.grad`` traces with linearize tracers,
-    ``jax.jvp`` with JVP tracers, in the JAX versions tested); where JAX's
-    tracer classes differ, JAX's own error comes instead."""
-    from jax._src.interpreters import ad
-
-    jvp_tracer = getattr(ad, "JVPTracer", None)
-    if jvp_tracer is None:
-        return
-    for x in arrays:
-        while x is not None:
-            if isinstance(x, jvp_tracer):
-                raise NotImplementedError(
-                    f"gdn_jax.{op}: forward-mode differentiation (jax.jvp, jax.jacfwd) of "
-                    f"impl={impl!r}, the Triton path, is not supported: its derivative is a "
-                    f"custom_vjp (jax.grad, jax.vjp, jax.jacrev work). Use impl='reference' "
-                    f"(the jnp path) for forward mode.")
-            x = getattr(x, "val", None) if isinstance(x, jax.core.Tracer) else None

@@ -3,9 +3,17 @@ from __future__ import annotations
 
 from .backend import impl_for
 from .chunk_indices import varlen_work_list
+from .chunk_launch import walk_kernel_fits
 from .gluon_launch import check_gluon, gluon_fits
+from .intra_bwd import IntraStatic, fwd_intra_with_vjp
 from .sharding import fwd_intra_sharded
-from .validate import as_array, check_fwd_intra_args, check_impl, kernel_dtypes
+from .validate import (
+    as_array,
+    check_fwd_intra_args,
+    check_impl,
+    check_not_forward_mode,
+    kernel_dtypes,
+)
 
 
 def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
@@ -59,6 +67,12 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
 
     Sharded inputs (under ``jax.jit``) stay sharded over batch and heads: each
     device runs the kernels on its block (:mod:`gdn_jax.sharding`).
+
+    Derivatives: ``jax.grad``, ``jax.vjp`` with respect to ``k``, ``v``,
+    ``g`` and ``beta`` on every path; on the Triton paths a ``custom_vjp``
+    whose backward runs the WY kernel (:mod:`gdn_jax.intra_bwd`; cotangents
+    in the inputs' dtypes), on ``"reference"`` JAX's own. Forward mode
+    (``jax.jvp``) works on ``"reference"`` and raises on the Triton paths.
     """
     check_impl("fwd_intra", impl)
     k, v, g, beta, cu_seqlens, chunk_indices = map(
@@ -73,5 +87,10 @@ def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_
         path = "reference"  # float64: the jnp path on every backend (the kernels do not take it)
     if impl == "gluon":
         check_gluon("fwd_intra", k, v, g, beta, cu_seqlens)
-    return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-                             chunk_indices=chunk_indices, impl=path)
+    if path == "reference":  # jnp: JAX differentiates it, forward and reverse mode
+        return fwd_intra_sharded(k, v, g, beta, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+                                 chunk_indices=chunk_indices, impl=path)
+    check_not_forward_mode("fwd_intra", path, (k, v, g, beta))
+    # the backward's WY kernel where its tiles fit (not float32 past K = 128), else jnp
+    static = IntraStatic(path, chunk_size, walk_kernel_fits(k.dtype, k.shape[3]))
+    return fwd_intra_with_vjp(static, k, v, g, beta, cu_seqlens, chunk_indices)

@@ -275,7 +275,9 @@ def _per_device(static: Static, *arrays):
 def _triton_op(static: Static):
     """The Triton launch of ``static.impl`` over the arrays of ``_per_device``,
     vmappable (:func:`gdn_jax.batching.vmappable`: jax-triton has no vmap
-    rule), and saying so when differentiated (the kernels are forward only)."""
+    rule), and saying so when differentiated: the launch has no derivative of
+    its own (``gdn_jax.fwd_intra`` wraps it in the ``custom_vjp`` of
+    :mod:`gdn_jax.intra_bwd`; the chunked forward, in its own)."""
     layout = _intra_layout(static)
 
     def fwd(*arrays):
@@ -289,8 +291,8 @@ def _triton_op(static: Static):
     @op.defjvp
     def _no_derivative(primals, tangents):
         raise NotImplementedError(
-            f"gdn_jax.fwd_intra: impl={static.impl!r} runs forward-only Triton kernels and has "
-            f"no derivative; differentiate impl='reference' (the jnp reference) instead")
+            f"gdn_jax: the Triton launch of fwd_intra's impl={static.impl!r} has no derivative of "
+            f"its own: differentiate gdn_jax.fwd_intra (a custom_vjp on this path), or impl='reference'")
 
     return op
 

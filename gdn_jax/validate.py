@@ -308,3 +308,25 @@ def check_state_pool(op: str, pool, state_indices, dims: GdnDims, *, varlen: boo
                 f"{op}: `state_indices[{past[0]}]` = {idx[past[0]]} is past the pool's P = "
                 f"{pool.shape[0]} rows (a sequence without a row takes a negative index, e.g. -1)")
     return jnp.asarray(state_indices, jnp.int32)
+
+
+def check_not_forward_mode(op: str, impl: str, arrays) -> None:
+    """NotImplementedError under ``jax.jvp`` / ``jax.jacfwd`` (forward mode):
+    the GPU path's derivative is a ``custom_vjp`` (reverse mode only). Seen
+    from the inputs' tracers (``jax.grad`` traces with linearize tracers,
+    ``jax.jvp`` with JVP tracers, in the JAX versions tested); where JAX's
+    tracer classes differ, JAX's own error comes instead."""
+    from jax._src.interpreters import ad
+
+    jvp_tracer = getattr(ad, "JVPTracer", None)
+    if jvp_tracer is None:
+        return
+    for x in arrays:
+        while x is not None:
+            if isinstance(x, jvp_tracer):
+                raise NotImplementedError(
+                    f"gdn_jax.{op}: forward-mode differentiation (jax.jvp, jax.jacfwd) of "
+                    f"impl={impl!r}, the Triton path, is not supported: its derivative is a "
+                    f"custom_vjp (jax.grad, jax.vjp, jax.jacrev work). Use impl='reference' "
+                    f"(the jnp path) for forward mode.")
+            x = getattr(x, "val", None) if isinstance(x, jax.core.Tracer) else None

@@ -237,6 +237,27 @@ def chunk_grad_gpu_path_case(m, impl="triton", dtype=jnp.float32):
     return run(step, (q, k, v, g, beta, h0), sharded)
 
 
+def intra_grad_gpu_path_case(m):
+    """``jax.grad`` of ``fwd_intra`` on its Triton path (the custom_vjp, both
+    launches replaced by their jnp forms: no GPU here), sharded over batch and
+    heads on a 2 x 2 mesh: the forward and the WY backward run on the devices' blocks."""
+    from stand_ins import gpu_path_on_this_cpu
+
+    gpu_path_on_this_cpu()
+    k, v, g, beta = make_inputs(0, 2, 130, 2, 4, 32, 16)
+    ct = [jax.random.normal(jax.random.key(i), s) for i, s in enumerate(((2, 130, 4, 32), (2, 130, 4, 16),
+                                                                         (2, 130, 4, 64)))]
+
+    def step(k, v, g, beta):
+        def loss(*a):
+            return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(gdn_jax.fwd_intra(*a, impl="split"), ct))
+        return jax.grad(loss, argnums=range(4))(k, v, g, beta)
+
+    sharded = (put(m, k, "data", None, "model"), put(m, v, "data", None, "model"),
+               put(m, g, "data", None, "model"), put(m, beta, "data", None, "model"))
+    return run(step, (k, v, g, beta), sharded)
+
+
 def cases():
     m4 = mesh((4,), ("x",))
     m22 = mesh((2, 2), ("data", "model"))
@@ -268,6 +289,8 @@ def cases():
             mesh((2, 2), ("data", "model"), AxisType.Auto), "auto"),
         "chunk_grad_gpu_path_2x2_bf16_states": lambda: chunk_grad_gpu_path_case(
             mesh((2, 2), ("data", "model"), AxisType.Auto), "auto", jnp.bfloat16),
+        "intra_grad_gpu_path_2x2": lambda: intra_grad_gpu_path_case(mesh((2, 2), ("data", "model"),
+                                                                         AxisType.Auto)),
         "layer_data_parallel": lambda: layer_case(False),
         "layer_head_parallel": lambda: layer_case(True),
     }

@@ -162,23 +162,30 @@ def gpu_path_on_this_cpu():
     tests/context_parallel_cases.py): a GPU reported and every launch of the
     GPU path (fwd_intra, the walk, the backward) replaced by its jnp
     stand-in, refusing batched inputs as jax-triton does."""
-    from gdn_jax import chunk_bwd, chunk_walk
+    from gdn_jax import chunk_bwd, chunk_walk, intra_bwd
 
     backend.cuda_available = lambda: True
     sharding.fwd_intra_triton = unbatchable(intra_launch)
+    intra_bwd.intra_bwd_triton = unbatchable(intra_bwd.intra_bwd_jnp)
     chunk_walk.chunk_fwd_triton = unbatchable(walk_launch)
     chunk_bwd.chunk_bwd_triton = unbatchable(bwd_launch)
 
 
 @pytest.fixture
 def triton_launch_as_reference(monkeypatch):
-    """``fwd_intra``'s Triton paths on this CPU: a GPU reported, and the launch
-    replaced by the reference, refusing batched inputs as jax-triton does."""
+    """``fwd_intra``'s Triton paths on this CPU: a GPU reported, and the
+    launches (forward and the WY backward of its derivative) replaced by the
+    jnp forms, refusing batched inputs as jax-triton does."""
+    from gdn_jax import intra_bwd
+
     monkeypatch.setattr(backend, "cuda_available", lambda: True)
     monkeypatch.setattr(sharding, "fwd_intra_triton", unbatchable(intra_launch))
+    monkeypatch.setattr(intra_bwd, "intra_bwd_triton", unbatchable(intra_bwd.intra_bwd_jnp))
     sharding._triton_op.cache_clear()
+    intra_bwd._triton_op.cache_clear()
     yield
     sharding._triton_op.cache_clear()
+    intra_bwd._triton_op.cache_clear()
 
 
 @pytest.fixture

@@ -51,6 +51,8 @@ EXPECTED = {
                                        + [S("data", "model")], ["data", "model"]),
     "chunk_grad_gpu_path_2x2_bf16_states": ([W("data", "model")] * 3 + [["data", None, "model"]] * 2
                                             + [S("data", "model")], ["data", "model"]),
+    # dk, dv [B, T, heads, .], dg, dbeta [B, T, H]
+    "intra_grad_gpu_path_2x2": ([W("data", "model")] * 2 + [["data", None, "model"]] * 2, ["data", "model"]),
     "layer_data_parallel": ([["data", None, None]], ["data", None]),
 }
 
