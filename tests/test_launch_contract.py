@@ -1,9 +1,11 @@
-"""The backward's jax-triton launches without a GPU: ``triton_call`` replaced
+"""The jax-triton launches without a GPU: ``triton_call`` replaced
 by a check of each launch against its kernel's signature (as many array and
 scalar operands plus outputs as the kernel has runtime parameters, outputs
 last; every constexpr without a default given, no unknown one) that returns
-zeros of the declared outputs, so that the launch code of
-gdn_jax/chunk_bwd_launch.py and gdn_jax/intra_bwd.py runs on CPU. The kernels'
+zeros of the declared outputs, so that the launch code of ``fwd_intra``'s
+Triton paths and of the chunked forward and backward (their derivatives
+included) runs on CPU. Not the decode launch, whose outputs alias operands
+(their parameters differ between jax-triton 0.3 and 0.4). The kernels'
 results are tested under the interpreter and on the GPU."""
 import inspect
 
@@ -11,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import gdn_jax
 from gdn_jax import chunk_bwd_launch, intra_bwd, triton_launch
 from gdn_jax.chunk_indices import varlen_work_list
 from gdn_jax.kernels.wy_bwd import gdn_wy_bwd_kernel
@@ -92,3 +95,41 @@ def test_the_check_catches_an_operand_too_many(launches_checked):
     with pytest.raises(AssertionError, match="gdn_wy_bwd_kernel"):
         triton_launch.triton_call(*operands, 64, kernel=gdn_wy_bwd_kernel, out=out, grid=(1, 1),
                                   **{**constexprs, "NOT_A_PARAMETER": 1})
+
+
+@pytest.fixture
+def gpu_reported(launches_checked, monkeypatch):
+    """The public ops take their GPU paths here, every launch checked as above."""
+    from gdn_jax import backend, chunk_walk, sharding
+
+    monkeypatch.setattr(backend, "cuda_available", lambda: True)
+    for module in (sharding, chunk_walk, intra_bwd):
+        module._triton_op.cache_clear()
+    yield
+    for module in (sharding, chunk_walk, intra_bwd):
+        module._triton_op.cache_clear()
+
+
+@pytest.mark.parametrize("impl", ["split", "triton"])  # "seed" needs triton < 3.9
+@pytest.mark.parametrize("cu", [None, [0, 5, 200]])
+def test_fwd_intra_launches(gpu_reported, impl, cu):
+    B = 2 if cu is None else 1
+    x = inputs(B, 200, 2, 4, 128, 128)
+    cu = None if cu is None else jnp.asarray(cu, jnp.int32)
+    w, u, A = jax.jit(lambda *a: gdn_jax.fwd_intra(*a, cu_seqlens=cu, impl=impl))(x["k"], x["v"], x["g"], x["beta"])
+    assert (w.shape, u.shape, A.shape) == ((B, 200, 4, 128), (B, 200, 4, 128), (B, 200, 4, 64))
+
+
+@pytest.mark.parametrize("cu", [None, [0, 5, 200]])
+def test_chunk_forward_and_backward_launches(gpu_reported, cu):
+    B = 2 if cu is None else 1
+    x = inputs(B, 200, 2, 4, 128, 128)
+    cu = None if cu is None else jnp.asarray(cu, jnp.int32)
+
+    def loss(q, k, v, g, beta):
+        o, f = gdn_jax.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True)
+        return jnp.sum(o.astype(jnp.float32)) + jnp.sum(f)
+
+    grads = jax.jit(jax.grad(loss, argnums=range(5)))(x["k"], x["k"], x["v"], x["g"], x["beta"])
+    assert [g.shape for g in grads] == [x[a].shape for a in ("k", "k", "v", "g", "beta")]
+
