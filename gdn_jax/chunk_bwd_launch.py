@@ -143,7 +143,6 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
             dg.sum(0) + dg_wy, dbeta, dh0)
 
 
-
 def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None):
     """``(dk, dv, dbeta, dgc)`` through ``fwd_intra``'s ``w``, ``u`` (and ``A``
     where ``dA`` is given) from the WY kernel (``kernels/wy_bwd.py``): ``dk``

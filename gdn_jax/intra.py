@@ -7,13 +7,7 @@ from .chunk_launch import walk_kernel_fits
 from .gluon_launch import check_gluon, gluon_fits
 from .intra_bwd import IntraStatic, fwd_intra_with_vjp
 from .sharding import fwd_intra_sharded
-from .validate import (
-    as_array,
-    check_fwd_intra_args,
-    check_impl,
-    check_not_forward_mode,
-    kernel_dtypes,
-)
+from .validate import as_array, check_fwd_intra_args, check_impl, check_not_forward_mode, kernel_dtypes
 
 
 def fwd_intra(k, v, g=None, beta=None, *, cu_seqlens=None, chunk_size=64, chunk_indices=None,
