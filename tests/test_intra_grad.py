@@ -26,27 +26,33 @@ def cotangents(seed, B, T):
 def pairing(fwd, cts):
     """``sum(w dw) + sum(u du) + sum(A dA)``: the loss whose gradient is the VJP of ``cts``."""
     def loss(*args):
-        return sum(jnp.sum(o.astype(jnp.float64 if o.dtype == jnp.float64 else jnp.float32) * c.astype(o.dtype))
+        return sum(jnp.sum(o.astype(jnp.promote_types(o.dtype, jnp.float32)) * c.astype(o.dtype))
                    for o, c in zip(fwd(*args), cts))
     return loss
+
+
+def differentiable(op, use_g, **kwargs):
+    """``op(k, v, g, beta, **kwargs)`` as a function of ``k, v, g, beta``, or
+    of ``k, v, beta`` without a gate (``g`` None)."""
+    def fwd(k, v, *rest):
+        g, beta = rest if use_g else (None, rest[0])
+        return op(k, v, g, beta, **kwargs)
+    return fwd
 
 
 def float64_grads(k, v, g, beta, cts, cu=None):
     with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         args = [jnp.asarray(x, jnp.float64) for x in as_f64(k, v, g, beta) if x is not None]
         cts = [jnp.asarray(np.asarray(c), jnp.float64) for c in cts]
-        use_g = g is not None
-
-        def fwd(k, v, *rest):
-            g, beta = rest if use_g else (None, rest[0])
-            return fwd_intra_reference(k, v, g, beta, cu_seqlens=cu)
+        fwd = differentiable(fwd_intra_reference, g is not None, cu_seqlens=cu)
         return [np.asarray(x) for x in jax.grad(pairing(fwd, cts), argnums=range(len(args)))(*args)]
 
 
 def check(got, want, tol=1e-4):
     for name, a, b in zip("k v g beta".split() if len(got) == 4 else "k v beta".split(), got, want):
         assert a.shape == b.shape, name
-        assert rel_err(np.asarray(a, np.float64), b) < tol, f"d{name}: {rel_err(np.asarray(a, np.float64), b):.2e}"
+        e = rel_err(np.asarray(a, np.float64), b)
+        assert e < tol, f"d{name}: {e:.2e}"
 
 
 @pytest.mark.parametrize("impl", ["auto", "split", "triton"])

@@ -15,7 +15,7 @@ import gdn_jax
 from gdn_jax.backend import cuda_available
 from inputs import make_inputs
 from numpy_reference import rel_err
-from test_intra_grad import float64_grads, pairing
+from test_intra_grad import differentiable, float64_grads, pairing
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,11 +32,7 @@ def check(dtype, impl, B, T, Hg, H, K=128, V=128, cu=None, use_g=True, seed=0, r
     cts = [jnp.asarray(rng.standard_normal(s), dtype) for s in ((B, T, H, K), (B, T, H, V), (B, T, H, 64))]
     cu_j = None if cu is None else jnp.asarray(cu, jnp.int32)
     args = (k, v, g, beta) if use_g else (k, v, beta)
-
-    def fwd(k, v, *rest):
-        g, beta = rest if use_g else (None, rest[0])
-        return gdn_jax.fwd_intra(k, v, g, beta, cu_seqlens=cu_j, impl=impl)
-
+    fwd = differentiable(gdn_jax.fwd_intra, use_g, cu_seqlens=cu_j, impl=impl)
     got = jax.jit(jax.grad(pairing(fwd, cts), argnums=range(len(args))))(*args)
     want = float64_grads(k, v, g, beta, [np.asarray(c.astype(jnp.float32)) for c in cts], cu_j)
     errs = {}
