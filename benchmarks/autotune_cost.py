@@ -49,7 +49,7 @@ def main():
         return (o.astype(jax.numpy.float32) ** 2).sum() + (f ** 2).sum()
 
     say(f"{args.shape}: autotune {'on' if autotune.autotune_enabled() else 'off'}, "
-        f"store {os.environ.get('GDN_JAX_CACHE_DIR', '~/.cache/gdn_jax')}")
+        f"store {autotune_store.store_path() or 'none (GDN_JAX_CACHE_DIR empty)'}")
     lowered = jax.jit(jax.value_and_grad(loss, argnums=range(6))).lower(q, k, v, g, beta, h0)
     say("traced and lowered (the kernels' configs chosen)")
     compiled = lowered.compile()
