@@ -2,7 +2,7 @@
 uses it on the GPU path.
 
 ``chunk_bwd(q, k, v, gc, beta, A, h0, do, dht, cu_seqlens, chunk_indices)``
-runs the backward kernels (:mod:`gdn_jax.chunk_bwd_launch`) or their jnp
+(the gates' cotangent taken back to the per-step gates) runs the backward kernels (:mod:`gdn_jax.chunk_bwd_launch`) or their jnp
 reference (:func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`), split over batch and
 heads under ``jax.jit`` (:mod:`gdn_jax.sharding`), vmappable
 (:mod:`gdn_jax.batching`). :func:`gdn_core` is the chunked forward after the
@@ -41,7 +41,7 @@ class BwdStatic(NamedTuple):
 
 
 def _layout(static: BwdStatic) -> Layout:
-    """``q, k, v, gc, beta, A, [qk], [h, v_new], [h0], do, [dht], [cu, ci] -> dq, dk, dv, dgc, dbeta, dh0``."""
+    """``q, k, v, gc, beta, A, [qk], [h, v_new], [h0], do, [dht], [cu, ci] -> dq, dk, dv, da, dbeta, dh0``."""
     operands = ("btgk", "btgk", "bthv", "bth", "bth", "btha") + (("btha",) if static.qk_in else ()) \
         + (("nthkv", "bthv") if static.states_in else ()) \
         + (("nhkv",) if static.use_h0 else ()) \
@@ -66,7 +66,8 @@ def _per_device(static: BwdStatic, *arrays):
     if static.triton:
         return _triton_op(static)(*arrays)
     q, k, v, gc, beta, A, _, _, _, h0, do, dht, cu, ci = _split(static, arrays)  # jnp forms its own
-    return chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale)
+    dq, dk, dv, dgc, dbeta, dh0 = chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale)
+    return dq, dk, dv, chunk_reverse_cumsum(dgc, cu, ci), dbeta, dh0  # the kernels' da
 
 
 @functools.cache
@@ -86,9 +87,11 @@ _partitioned = partitioned(_per_device, _layout)
 
 def chunk_bwd(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens, chunk_indices, *,
               scale, triton, qk=None, states=None):
-    """``(dq, dk, dv, dgc, dbeta, dh0)``, shapes and dtypes as
+    """``(dq, dk, dv, da, dbeta, dh0)``, shapes and dtypes as
     :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp` (K-major states; ``initial_state``
-    and ``dht`` may be None); ``qk``: the forward's output block
+    and ``dht`` may be None), but ``da``: the cotangent of the per-step gates
+    whose cumsum within each chunk ``gc`` is (``dgc``'s reverse cumsum there,
+    taken on the GPU in the WY kernel); ``qk``: the forward's output block
     (:func:`gdn_jax.chunk_walk.chunk_walk`'s ``return_qk``), or None;
     ``states``: its chunk states and ``v'`` (``return_states``), or None."""
     static = BwdStatic(bool(triton), float(scale), initial_state is not None, dht is not None,
@@ -161,10 +164,9 @@ def _core_bwd(static, residuals, cotangents):
     do, dht = cotangents
     h0k = state_to_k_major(h0, static.v_first)
     dhtk = None if dht is None else state_to_k_major(dht, static.v_first).astype(jnp.float32)
-    dq, dk, dv, dgc, dbeta, dh0 = chunk_bwd(
+    dq, dk, dv, da, dbeta, dh0 = chunk_bwd(
         q, k, v, gc, beta, A, None if h0k is None else h0k.astype(jnp.float32), do.astype(v.dtype),
         dhtk, cu, ci, scale=static.scale, triton=static.walk_triton, qk=qk, states=states)
-    da = chunk_reverse_cumsum(dgc, cu, ci)
     dh0 = None if h0 is None else state_from_k_major(dh0, static.v_first).astype(h0.dtype)
     grads = (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), da.astype(jnp.float32),
              dbeta.astype(beta.dtype), dh0)

@@ -1,8 +1,9 @@
 """Launch of the backward kernels through jax-triton: the recompute of the
 chunk states and ``v'`` (the forward's walk from ``A``), the reverse walk,
 the per-chunk gradients and the WY backward (``kernels/chunk_bwd_walk.py``,
-``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``), then the sums over K
-blocks and GQA heads in jnp.
+``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``; the WY kernel adds the
+per-chunk kernel's shares of the gates' cotangent and takes its reverse cumsum
+within each chunk), then the sums over GQA heads in jnp.
 
 What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``),
 the output's attention block its walk read (``chunk_qk``, as large; formed
@@ -70,10 +71,13 @@ def partials_in_input_dtype(dtype_name: str) -> bool:
 
 def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
                      chunk_indices=None, *, scale, qk=None, h=None, v_new=None):
-    """``(dq, dk, dv, dgc, dbeta, dh0)`` of the chunked forward on the GPU,
+    """``(dq, dk, dv, da, dbeta, dh0)`` of the chunked forward on the GPU,
     arguments and results as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`
-    (``initial_state`` and ``dht`` may be None: zeros); ``dq``, ``dk``,
-    ``dv`` in their inputs' dtypes, the rest float32. ``qk``: the forward's
+    (``initial_state`` and ``dht`` may be None: zeros) but for ``da [B, T,
+    H]``, the cotangent of the per-step log gates whose cumsum within each
+    chunk ``gc`` is (:func:`gdn_jax.chunk_bwd_jnp.chunk_reverse_cumsum` of
+    that function's ``dgc``); ``dq``, ``dk``, ``dv`` in their inputs'
+    dtypes, the rest float32. ``qk``: the forward's
     output block (:func:`gdn_jax.chunk_launch.chunk_qk_triton` on these ``q,
     k, gc``), or None (formed here); ``h, v_new``: the forward's chunk states
     ``[B, cdiv(T, 64), H, K, V]`` and ``v' [B, T, H, V]`` in k's dtype
@@ -137,19 +141,23 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
         grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
         DOT_PRECISION=prec, V_STAGES=v_stages)
-    dk_wy, dv, dbeta, dg_wy = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices)
+    dk_wy, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
+                                         dgc_shares=dg)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
-            dg.sum(0) + dg_wy, dbeta, dh0)
+            da, dbeta, dh0)
 
 
-def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None):
+def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` through ``fwd_intra``'s ``w``, ``u`` (and ``A``
     where ``dA`` is given) from the WY kernel (``kernels/wy_bwd.py``): ``dk``
     per value head ``[B, T, H, K]`` (bfloat16 for bfloat16 inputs, else
     float32), ``dv`` in v's dtype, ``dbeta`` and ``dgc`` float32. ``dw [B,
     T, H, K]``, ``du [B, T, H, V]``, ``dA [B, T, H, 64]``: the cotangents,
-    laid out as ``w``, ``u``, ``A``; ``gc`` the chunk-local cumulative gates."""
+    laid out as ``w``, ``u``, ``A``; ``gc`` the chunk-local cumulative gates.
+    ``dgc_shares [NK, B, T, H]`` (float32): more of ``dgc`` (the per-chunk
+    kernel's), added; the last result is then the per-step gates' cotangent
+    ``da``, the reverse cumsum of the whole ``dgc`` within each chunk."""
     from .kernels.wy_bwd import gdn_wy_bwd_kernel
 
     B, T, Hg, K = k.shape
@@ -164,9 +172,11 @@ def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_ind
     _, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)
     return launch(
         "wy_bwd", gdn_wy_bwd_kernel,
-        (k, v, beta, gc, A, dw, du, dummy if dA is None else dA, cu_seqlens if varlen else dummy,
+        (k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
+         jnp.zeros((1,), f32) if dgc_shares is None else dgc_shares, cu_seqlens if varlen else dummy,
          chunk_indices if varlen else dummy, T),
         out=(jax.ShapeDtypeStruct((B, T, H, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
              jax.ShapeDtypeStruct(beta.shape, f32), jax.ShapeDtypeStruct(gc.shape, f32)),
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_pow2(K), BV=BVw, IS_VARLEN=varlen,
-        DOT_PRECISION=dot_precision(), V_STAGES=v_stages, DA_IN=dA is not None)
+        DOT_PRECISION=dot_precision(), V_STAGES=v_stages, DA_IN=dA is not None,
+        NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None)

@@ -250,11 +250,13 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
                     dot_precision="tf32", config=None, configs=None, qk_in=True, from_A=True):
     """The backward of the chunked forward from the Triton kernels on torch
     tensors (the interpreter tests' launch of the whole pipeline):
-    ``(dq, dk, dv, dgc, dbeta, dh0)`` as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`.
+    ``(dq, dk, dv, da, dbeta, dh0)`` as
+    :func:`gdn_jax.chunk_bwd_launch.chunk_bwd_triton` (``da``: the per-step
+    gates' cotangent, from the WY kernel).
     The steps, as :func:`gdn_jax.chunk_bwd_launch.chunk_bwd_triton`: the walk
     from ``A`` again storing the chunk states and ``v'``, the output block
     (``chunk_qk``), the reverse walk, the per-chunk gradients, the WY
-    backward; then the sums over K blocks and value heads (torch).
+    backward; then the sums over value heads (torch).
     ``qk_in=False`` has the reverse walk form ``q k^T`` itself, ``from_A=False``
     rebuilds ``w, u`` (``recompute_w_u``) for both walks (the kernels' other
     forms, for tests and the probe).
@@ -323,17 +325,17 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
-    dk_wy, dv, dbeta, dg_wy = wy_bwd_torch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens,
-                                           dot_precision=dot_precision, configs=configs)
+    dk_wy, dv, dbeta, da = wy_bwd_torch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens,
+                                        dot_precision=dot_precision, configs=configs, dgc_shares=dg)
     heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
-    return heads(dq), heads(dk.float() + dk_wy), dv, dg.sum(0) + dg_wy, dbeta, dh0
+    return heads(dq), heads(dk.float() + dk_wy), dv, da, dbeta, dh0
 
 
 def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_precision="tf32",
-                 configs=None):
+                 configs=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` of the WY kernel on torch tensors, as
     :func:`gdn_jax.chunk_bwd_launch.wy_bwd_launch` (``dk`` per value head;
-    ``configs`` as :func:`chunk_bwd_torch`'s)."""
+    ``dgc_shares`` given: ``da`` last; ``configs`` as :func:`chunk_bwd_torch`'s)."""
     import torch
 
     from .chunk_bwd_launch import _pow2, partials_in_input_dtype, value_blocks
@@ -355,8 +357,10 @@ def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_pre
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
     wy[head_fastest_grid(NT, H, B)](
         k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
+        torch.zeros(1, device=dev) if dgc_shares is None else dgc_shares,
         dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, dk, dv, dbeta, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=_pow2(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, DA_IN=dA is not None,
+        NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None,
         **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
     return dk, dv, dbeta, dg
 

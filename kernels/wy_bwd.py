@@ -19,6 +19,13 @@ blocks of ``BV`` columns;
 ``A`` itself (laid out as ``A``), added to the one above (``fwd_intra``'s
 own backward, whose ``A`` is an output). ``dk`` is per value head
 (float32; the launcher sums a key head's value heads and adds the walk's part).
+
+``NK_IN``: ``dg_in`` holds that many ``[B, T, H]`` rows of ``dgc`` shares
+(the per-chunk kernel's, one per K block), added to this kernel's.
+``REV_CUMSUM``: ``dg`` receives the cotangent of the per-step gates ``a``
+(``gc`` being their cumsum within the chunk), the reverse cumsum of ``dgc``
+within the chunk, ``sum(dgc) - cumsum(dgc) + dgc``: with both, the chunk
+backward ends in this kernel, with no XLA sums or cumsum of the gates after it.
 """
 import triton
 import triton.language as tl
@@ -57,6 +64,7 @@ def gdn_wy_bwd_kernel(
     dw,
     du,
     dA,
+    dg_in,
     cu_seqlens,
     chunk_indices,
     T,
@@ -75,6 +83,8 @@ def gdn_wy_bwd_kernel(
     DOT_PRECISION: tl.constexpr,
     V_STAGES: tl.constexpr,
     DA_IN: tl.constexpr = False,
+    NK_IN: tl.constexpr = 0,
+    REV_CUMSUM: tl.constexpr = False,
 ):
     i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= seq_len:
@@ -136,4 +146,8 @@ def gdn_wy_bwd_kernel(
     b_dk += (b_beta * b_e)[:, None] * b_Atdw
     tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dbeta + rows, b_db, mask=m_t)
+    for i in tl.static_range(NK_IN):  # the per-chunk kernel's shares: [NK_IN, B, T, H]
+        b_dg += tl.load(dg_in + i * (tl.num_programs(1).to(tl.int64) * T * H) + rows, mask=m_t, other=0)
+    if REV_CUMSUM:  # rows past the end hold 0: the chunk's total is over its rows
+        b_dg = tl.sum(b_dg, axis=0) - tl.cumsum(b_dg, axis=0) + b_dg
     tl.store(dg + rows, b_dg, mask=m_t)
