@@ -2,8 +2,9 @@
 uses it on the GPU path.
 
 ``chunk_bwd(q, k, v, gc, beta, A, h0, do, dht, cu_seqlens, chunk_indices)``
-(the gates' cotangent taken back to the per-step gates) runs the backward kernels (:mod:`gdn_jax.chunk_bwd_launch`) or their jnp
-reference (:func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`), split over batch and
+runs the backward kernels (:mod:`gdn_jax.chunk_bwd_launch`) or their jnp
+reference (:func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_per_step_jnp`; both give the
+per-step gates' cotangent), split over batch and
 heads under ``jax.jit`` (:mod:`gdn_jax.sharding`), vmappable
 (:mod:`gdn_jax.batching`). :func:`gdn_core` is the chunked forward after the
 options, with this backward (``jax.grad``, ``jax.vjp``); forward-mode
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from .batching import vmappable
-from .chunk_bwd_jnp import chunk_bwd_jnp, chunk_reverse_cumsum
+from .chunk_bwd_jnp import chunk_bwd_per_step_jnp
 from .chunk_bwd_launch import chunk_bwd_triton
 from .chunk_jnp import chunk_local_cumsum
 from .chunk_walk import chunk_walk
@@ -66,8 +67,7 @@ def _per_device(static: BwdStatic, *arrays):
     if static.triton:
         return _triton_op(static)(*arrays)
     q, k, v, gc, beta, A, _, _, _, h0, do, dht, cu, ci = _split(static, arrays)  # jnp forms its own
-    dq, dk, dv, dgc, dbeta, dh0 = chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale)
-    return dq, dk, dv, chunk_reverse_cumsum(dgc, cu, ci), dbeta, dh0  # the kernels' da
+    return chunk_bwd_per_step_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=static.scale)
 
 
 @functools.cache
@@ -88,10 +88,9 @@ _partitioned = partitioned(_per_device, _layout)
 def chunk_bwd(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens, chunk_indices, *,
               scale, triton, qk=None, states=None):
     """``(dq, dk, dv, da, dbeta, dh0)``, shapes and dtypes as
-    :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp` (K-major states; ``initial_state``
-    and ``dht`` may be None), but ``da``: the cotangent of the per-step gates
-    whose cumsum within each chunk ``gc`` is (``dgc``'s reverse cumsum there,
-    taken on the GPU in the WY kernel); ``qk``: the forward's output block
+    :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_per_step_jnp` (K-major states;
+    ``initial_state`` and ``dht`` may be None; ``da`` the per-step gates'
+    cotangent, taken on the GPU in the WY kernel); ``qk``: the forward's output block
     (:func:`gdn_jax.chunk_walk.chunk_walk`'s ``return_qk``), or None;
     ``states``: its chunk states and ``v'`` (``return_states``), or None."""
     static = BwdStatic(bool(triton), float(scale), initial_state is not None, dht is not None,

@@ -195,3 +195,15 @@ def chunk_reverse_cumsum(dgc, cu_seqlens=None, chunk_indices=None):
     # flip(cumsum(flip)): XLA's GPU emitter (jax 0.11.2, H200) fails to
     # translate the flipped form's fusion to LLVM IR in the gradient at T < 64.
     return scatter(x.sum(2, keepdims=True) - jnp.cumsum(x, axis=2) + x)
+
+
+def chunk_bwd_per_step_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
+                           chunk_indices=None, *, scale):
+    """:func:`chunk_bwd_jnp` with the gates' cotangent taken back to the
+    per-step gates, as the GPU launch returns it
+    (:func:`gdn_jax.chunk_bwd_launch.chunk_bwd_triton`): ``(dq, dk, dv, da,
+    dbeta, dh0)``, ``da [B, T, H]`` the reverse cumsum of ``dgc`` within each
+    chunk (:func:`chunk_reverse_cumsum`)."""
+    dq, dk, dv, dgc, dbeta, dh0 = chunk_bwd_jnp(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens,
+                                                chunk_indices, scale=scale)
+    return dq, dk, dv, chunk_reverse_cumsum(dgc, cu_seqlens, chunk_indices), dbeta, dh0

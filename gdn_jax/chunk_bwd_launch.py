@@ -72,11 +72,9 @@ def partials_in_input_dtype(dtype_name: str) -> bool:
 def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
                      chunk_indices=None, *, scale, qk=None, h=None, v_new=None):
     """``(dq, dk, dv, da, dbeta, dh0)`` of the chunked forward on the GPU,
-    arguments and results as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_jnp`
-    (``initial_state`` and ``dht`` may be None: zeros) but for ``da [B, T,
-    H]``, the cotangent of the per-step log gates whose cumsum within each
-    chunk ``gc`` is (:func:`gdn_jax.chunk_bwd_jnp.chunk_reverse_cumsum` of
-    that function's ``dgc``); ``dq``, ``dk``, ``dv`` in their inputs'
+    arguments and results as :func:`gdn_jax.chunk_bwd_jnp.chunk_bwd_per_step_jnp`
+    (``initial_state`` and ``dht`` may be None: zeros; ``da [B, T, H]`` the
+    per-step gates' cotangent); ``dq``, ``dk``, ``dv`` in their inputs'
     dtypes, the rest float32. ``qk``: the forward's
     output block (:func:`gdn_jax.chunk_launch.chunk_qk_triton` on these ``q,
     k, gc``), or None (formed here); ``h, v_new``: the forward's chunk states

@@ -140,12 +140,10 @@ def bwd_launch(q, k, v, gc, beta, A, h0, do, dht, cu, ci, *, scale, qk=None, h=N
     forward's block) must be this block's (:func:`qk_block` of these ``q, k,
     gc``), and given ``h, v_new`` (the forward's chunk states and ``v'``)
     these inputs' (:func:`chunk_states`), else every gradient is NaN: a
-    residual that reached the backward misplaced (sharding, vmap) fails the tests.
-    The gates' cotangent as the launch gives it: ``da``, the reverse cumsum of ``dgc``."""
-    from gdn_jax.chunk_bwd_jnp import chunk_bwd_jnp, chunk_reverse_cumsum
+    residual that reached the backward misplaced (sharding, vmap) fails the tests."""
+    from gdn_jax.chunk_bwd_jnp import chunk_bwd_per_step_jnp
 
-    dq, dk, dv, dgc, dbeta, dh0 = chunk_bwd_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=scale)
-    grads = (dq, dk, dv, chunk_reverse_cumsum(dgc, cu, ci), dbeta, dh0)
+    grads = chunk_bwd_per_step_jnp(q, k, v, gc, beta, A, h0, do, dht, cu, ci, scale=scale)
     close = lambda x, y: jnp.allclose(x.astype(jnp.float32), y.astype(jnp.float32), rtol=1e-2, atol=1e-2)  # noqa: E731
     ok = True
     if qk is not None:
