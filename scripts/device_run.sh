@@ -59,19 +59,26 @@ for phase in "$@"; do
     bench-decode) python3 -P benchmarks/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | tail -14;;
     # GPU time per kernel (ours from the JAX trace, fla's from torch.profiler), forward and forward + backward
     breakdown) python3 -P benchmarks/kernel_breakdown.py --out "$OUT" 2>&1 | tee "$OUT/breakdown.log" | tail -40;;
-    # the same, gdn-jax only, for the working tree (new/) and for the base that
-    # scripts/ab_base.sh REF put in .ab_base (carry it): an A/B in one call
-    # (AB_SHAPE: kernel_breakdown.py's --shape, default headline), at the fixed
-    # configs: kernel code against kernel code, and with the autotuned
-    # kernels the forward + backward trace of 10 steps passed protobuf's 2 GB
-    # (2.44 GB on an H100) and came back empty
-    ab) [ -d .ab_base/gdn_jax ] || { echo "ab: no .ab_base (scripts/ab_base.sh REF, and carry .ab_base)"; continue; }
-      rm -rf /tmp/pkg_base && mkdir -p /tmp/pkg_base && cp -r .ab_base/gdn_jax /tmp/pkg_base/
-      echo "base: $(cat .ab_base/REF)"
-      for side in new base; do
-        path=$PYTHONPATH; [ $side = base ] && path=${PYTHONPATH/\/tmp\/pkg:/\/tmp\/pkg_base:}
+    # the same, gdn-jax only, for the working tree (new/) and for every side
+    # that scripts/ab_base.sh put in an .ab_NAME folder (carry them): an A/B
+    # in one call (AB_SHAPE: kernel_breakdown.py's --shape, default
+    # headline), the working tree first and again last (the spread of one
+    # side's step in one call), at the fixed configs: kernel code against
+    # kernel code, and with the autotuned kernels the forward + backward
+    # trace of 10 steps passed protobuf's 2 GB (2.44 GB on an H100) and came
+    # back empty
+    ab) sides=$(ls -d .ab_*/gdn_jax 2>/dev/null | cut -d/ -f1)
+      [ -n "$sides" ] || { echo "ab: no .ab_* side (scripts/ab_base.sh, and carry it)"; continue; }
+      for side in new $sides new; do
+        path=$PYTHONPATH; name=$side
+        if [ "$side" != new ]; then
+          name=${side#.ab_}; rm -rf "/tmp/pkg_$name" && mkdir -p "/tmp/pkg_$name" && cp -r "$side/gdn_jax" "/tmp/pkg_$name/"
+          path=:$PYTHONPATH:; path=${path/:\/tmp\/pkg:/:\/tmp\/pkg_$name:}; path=${path#:}; path=${path%:}
+        fi
+        [ "$side" = new ] && [ -d "$OUT/new" ] && name=new_again
+        echo "== $name: $([ "$side" = new ] && echo "working tree" || cat "$side/REF")"
         GDN_JAX_AUTOTUNE=0 PYTHONPATH=$path python3 -P benchmarks/kernel_breakdown.py --no-fla \
-          --shape "${AB_SHAPE:-headline}" --out "$OUT/$side" 2>&1 | tail -24
+          --shape "${AB_SHAPE:-headline}" --out "$OUT/$name" 2>&1 | tail -24
       done;;
     train) python3 -P examples/train_gdn.py --width 256 --heads 2 --v-heads 4 --head-dim 64 --batch 64 --copy-len 32 --dtype bfloat16 2>&1 | tee "$OUT/train.log" | tail -10;;
     # impl="gluon" (jax-triton 0.4: run under 04), no XLA flags
