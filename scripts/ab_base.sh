@@ -10,16 +10,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: scripts/ab_base.sh REF [NAME] | --worktree NAME"
 ref=${1:?$usage}
+if [ "$ref" = --worktree ]; then name=${2:?$usage}; else name=${2:-base}; fi
+dir=.ab_$name
+rm -rf "$dir" && mkdir -p "$dir"
 if [ "$ref" = --worktree ]; then
-  name=${2:?$usage}; dir=.ab_$name
-  rm -rf "$dir" && mkdir -p "$dir"
   cp -r gdn_jax "$dir/" && cp -r kernels "$dir/gdn_jax/kernels"
   find "$dir" -name __pycache__ -prune -exec rm -rf {} +
   edits=""; git diff --quiet -- gdn_jax kernels || edits=" with uncommitted edits"
   echo "the working tree at $(git rev-parse --short HEAD)$edits" > "$dir/REF"
 else
-  name=${2:-base}; dir=.ab_$name
-  rm -rf "$dir" && mkdir -p "$dir"
   git archive "$ref" gdn_jax kernels | tar -x -C "$dir"
   mv "$dir/kernels" "$dir/gdn_jax/kernels"
   git rev-parse --short "$ref" > "$dir/REF"

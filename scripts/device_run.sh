@@ -69,14 +69,14 @@ for phase in "$@"; do
     # back empty
     ab) sides=$(ls -d .ab_*/gdn_jax 2>/dev/null | cut -d/ -f1)
       [ -n "$sides" ] || { echo "ab: no .ab_* side (scripts/ab_base.sh, and carry it)"; continue; }
-      for side in new $sides new; do
-        path=$PYTHONPATH; name=$side
-        if [ "$side" != new ]; then
-          name=${side#.ab_}; rm -rf "/tmp/pkg_$name" && mkdir -p "/tmp/pkg_$name" && cp -r "$side/gdn_jax" "/tmp/pkg_$name/"
-          path=:$PYTHONPATH:; path=${path/:\/tmp\/pkg:/:\/tmp\/pkg_$name:}; path=${path#:}; path=${path%:}
-        fi
-        [ "$side" = new ] && [ -d "$OUT/new" ] && name=new_again
-        echo "== $name: $([ "$side" = new ] && echo "working tree" || cat "$side/REF")"
+      for side in new $sides new_again; do
+        case $side in
+          new|new_again) name=$side; path=$PYTHONPATH; what="working tree";;
+          *) name=${side#.ab_}; what=$(cat "$side/REF")
+            rm -rf "/tmp/pkg_$name" && mkdir -p "/tmp/pkg_$name" && cp -r "$side/gdn_jax" "/tmp/pkg_$name/"
+            path=:$PYTHONPATH:; path=${path/:\/tmp\/pkg:/:\/tmp\/pkg_$name:}; path=${path#:}; path=${path%:};;
+        esac
+        echo "== $name: $what"
         GDN_JAX_AUTOTUNE=0 PYTHONPATH=$path python3 -P benchmarks/kernel_breakdown.py --no-fla \
           --shape "${AB_SHAPE:-headline}" --out "$OUT/$name" 2>&1 | tail -24
       done;;
