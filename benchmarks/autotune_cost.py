@@ -39,6 +39,7 @@ def main():
     args = p.parse_args()
     B, T, Hg, H, K, V, lens = SHAPES[args.shape]
     assert lens is None, "fixed-length shapes only"
+    logged(autotune, "stand_ins", lambda a, out: f"({len(jax.block_until_ready(out))} operands made concrete)")
     logged(autotune, "compiled_runs", lambda a, out: f"({len(out)} configs compiled ahead)")
     logged(autotune, "fastest", lambda a, out: f"(all configs run and timed; picked {out[0]})")
     logged(autotune_store, "lookup", lambda a, out: f"({a[0][0]}: {'stored' if out is not None else 'not stored'})")

@@ -161,27 +161,35 @@ def config_kwargs(config) -> dict:
     return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
+STAND_IN_BLOCK = 1 << 20  # values drawn on the host per float stand-in, tiled to its shape
+
+
 def stand_ins(operands, T: int, chunk_size: int = 64, seed: int = 0):
     """Concrete operands for timing a launch of ``operands``.
 
     Concrete arrays and Python scalars are kept. A traced float array becomes
     random values of its shape and dtype in ``[0.5, 1] / sqrt(last dim)`` (unit-size
-    key rows, nothing that overflows in ``A``'s build); a traced int ``[N + 1]``
+    key rows, nothing that overflows in ``A``'s build), a block of at most
+    :data:`STAND_IN_BLOCK` values drawn on the host and tiled on the device
+    (``jax.random`` at these sizes compiled to executables that held their
+    counters as constants: 23 MB for 16M values, and minutes of a persistent
+    compilation cache's compression per kernel at B=8 T=4096; a kernel's time
+    does not depend on its values); a traced int ``[N + 1]``
     array (``cu_seqlens``) ``N`` segments of about ``T / N`` rows, and a second
     one after it their chunk offsets (:func:`gdn_jax.chunk_indices.chunk_offsets`);
     a traced int ``[NT, 2]`` array (chunk indices) the chunks of those segments,
     cut or padded with skipped rows (:func:`gdn_jax.chunk_indices.padding_row`) to ``NT``.
     """
     with jax.ensure_compile_time_eval():  # concrete arrays, also inside a jax.jit trace
-        keys = iter(jax.random.split(jax.random.key(seed), len(operands)))
+        rng = np.random.default_rng(seed)
         cu = None
         out = []
         for x in operands:
             if not isinstance(x, jax.core.Tracer):
                 out.append(x)
             elif jnp.issubdtype(x.dtype, jnp.floating):  # moderate: no overflow in A's build
-                u = jax.random.uniform(next(keys), x.shape, jnp.float32, 0.5, 1.0)
-                out.append((u / np.sqrt(max(x.shape[-1], 1))).astype(x.dtype))
+                u = rng.uniform(0.5, 1.0, min(x.size, STAND_IN_BLOCK)) / np.sqrt(max(x.shape[-1], 1))
+                out.append(jnp.resize(jnp.asarray(u.astype(x.dtype)), x.shape))
             elif x.ndim == 1 and cu is not None and x.shape == cu.shape:
                 out.append(jnp.asarray(chunk_offsets(cu, chunk_size), x.dtype))
             elif x.ndim == 1:

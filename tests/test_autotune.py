@@ -205,6 +205,30 @@ def test_stand_ins_for_traced_offsets_are_valid_offsets():
     assert (np.asarray(dummy) == 0).all() and T_ == T  # concrete operands kept
 
 
+STAND_INS_UNDER_A_PERSISTENT_CACHE = """
+import sys, jax, jax.numpy as jnp
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from gdn_jax import autotune
+jax.jit(lambda x: (jax.block_until_ready(autotune.stand_ins([x], 4096)), x)[1]).trace(
+    jax.ShapeDtypeStruct((1, 4096, 8, 128), jnp.bfloat16))
+"""
+
+
+def test_stand_ins_compile_no_executable_as_large_as_their_values(tmp_path):
+    """A 4M-value stand-in: each executable it compiled stays far below its 8 MB
+    (``jax.random`` here held its counters as constants: 23 MB for 16M values,
+    minutes of the persistent cache's compression per kernel at B=8 T=4096)."""
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", STAND_INS_UNDER_A_PERSISTENT_CACHE, str(tmp_path)], check=True,
+                   env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    assert sizes, "the persistent cache stored no executable: the check saw nothing"
+    assert max(sizes.values()) < 100_000, sizes
+
+
 def test_fixed_configs_by_dtype_programs_and_environment(monkeypatch):
     bf16, f32 = jnp.zeros(1, jnp.bfloat16), jnp.zeros(1, jnp.float32)
     assert autotune.untuned("chunk_fwd", (bf16, f32)) == autotune.UNTUNED["chunk_fwd"]
