@@ -22,12 +22,13 @@ from gdn_jax import autotune, autotune_store  # noqa: E402
 
 
 def logged(module, name, describe):
-    """``module.name`` wrapped: a line with its seconds and ``describe(args, result)``."""
+    """``module.name`` wrapped: a line with its seconds, until the arrays it
+    returns are ready, and ``describe(args, result)``."""
     inner = getattr(module, name)
 
     def wrapper(*args, **kwargs):
         t0 = time.perf_counter()
-        out = inner(*args, **kwargs)
+        out = jax.block_until_ready(inner(*args, **kwargs))
         say(f"{name}: {time.perf_counter() - t0:.2f} s {describe(args, out)}")
         return out
     setattr(module, name, wrapper)
@@ -39,7 +40,7 @@ def main():
     args = p.parse_args()
     B, T, Hg, H, K, V, lens = SHAPES[args.shape]
     assert lens is None, "fixed-length shapes only"
-    logged(autotune, "stand_ins", lambda a, out: f"({len(jax.block_until_ready(out))} operands made concrete)")
+    logged(autotune, "stand_ins", lambda a, out: f"({len(out)} operands made concrete)")
     logged(autotune, "compiled_runs", lambda a, out: f"({len(out)} configs compiled ahead)")
     logged(autotune, "fastest", lambda a, out: f"(all configs run and timed; picked {out[0]})")
     logged(autotune_store, "lookup", lambda a, out: f"({a[0][0]}: {'stored' if out is not None else 'not stored'})")

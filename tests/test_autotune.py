@@ -1,5 +1,8 @@
 """gdn_jax.autotune: one config per launch, timed once per launch signature
 (CPU: a stand-in launch whose configs differ in run time)."""
+import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -220,10 +223,8 @@ def test_stand_ins_compile_no_executable_as_large_as_their_values(tmp_path):
     """A 4M-value stand-in: each executable it compiled stays far below its 8 MB
     (``jax.random`` here held its counters as constants: 23 MB for 16M values,
     minutes of the persistent cache's compression per kernel at B=8 T=4096)."""
-    import subprocess
-    import sys
     subprocess.run([sys.executable, "-c", STAND_INS_UNDER_A_PERSISTENT_CACHE, str(tmp_path)], check=True,
-                   env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
     sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
     assert sizes, "the persistent cache stored no executable: the check saw nothing"
     assert max(sizes.values()) < 100_000, sizes
