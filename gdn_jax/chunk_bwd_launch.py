@@ -2,10 +2,8 @@
 chunk states and ``v'`` (the forward's walk from ``A``), the reverse walk,
 the per-chunk gradients and the WY backward (``kernels/chunk_bwd_walk.py``,
 ``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``; the WY kernel adds the
-per-chunk kernel's shares of the gates' cotangent and its part of ``dk``, and
-takes the gates' reverse cumsum within each chunk). Both kernels take a key
-head's value heads in turn in one program and sum their ``dq`` and ``dk`` on
-chip (:func:`heads_per_program`): no sum over GQA heads follows.
+per-chunk kernel's shares of the gates' cotangent and takes its reverse cumsum
+within each chunk), then the sums over GQA heads in jnp.
 
 What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``),
 the output's attention block its walk read (``chunk_qk``, as large; formed
@@ -71,15 +69,6 @@ def partials_in_input_dtype(dtype_name: str) -> bool:
     return dtype_name == "bfloat16"
 
 
-def heads_per_program(H: int, Hg: int) -> int:
-    """``GROUP`` of the per-chunk and WY backward kernels: the value heads one
-    program takes in turn, all of a key head's (``H / Hg``). Their ``dq`` and
-    ``dk`` are then summed on chip (each head adds the sum so far, read back
-    from L2), so neither kernel writes per-value-head partials and no GQA sum
-    follows them; the grids have ``H / Hg`` times fewer programs."""
-    return H // Hg
-
-
 def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None,
                      chunk_indices=None, *, scale, qk=None, h=None, v_new=None):
     """``(dq, dk, dv, da, dbeta, dh0)`` of the chunked forward on the GPU,
@@ -103,14 +92,13 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         dh0 = jnp.zeros((N, H, K, V), f32) if dht is None else dht.astype(f32)
         return zeros(q), zeros(k), zeros(v), jnp.zeros(gc.shape, f32), jnp.zeros(beta.shape, f32), dh0
     NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
-    group = heads_per_program(H, Hg)
-    grid = head_fastest_grid(NT, H // group, B)
+    grid = head_fastest_grid(NT, H, B)
     BK = _pow2(K)
     BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
     NK = cdiv(K, BKl)
     BVl, _, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk kernel's V blocks
     check_grid("backward", (grid[0] * NK, grid[1]),
-               ("chunks * groups of value heads * K blocks (NT * H / GROUP * NK)", "batch rows B"))
+               ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     cu = cu_seqlens if varlen else dummy
     ci = chunk_indices if varlen else dummy
@@ -143,29 +131,26 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
         DOT_PRECISION=prec, QK_IN=True, FROM_A=True)
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
-    per_group_k = jax.ShapeDtypeStruct((B, T, H // group, K), part)
+    per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
     dq, dk, dw, dg = launch(
         "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
-        out=(per_group_k, per_group_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
+        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
         grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
-        DOT_PRECISION=prec, V_STAGES=v_stages, GROUP=group)
-    dk, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
-                                      dgc_shares=dg, dk_in=dk)
+        DOT_PRECISION=prec, V_STAGES=v_stages)
+    dk_wy, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
+                                         dgc_shares=dg)
 
-    return key_heads(dq, Hg, q.dtype), key_heads(dk, Hg, k.dtype), dv, da, dbeta, dh0
+    return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
+            da, dbeta, dh0)
 
 
-def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None,
-                  dk_in=None):
+def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` through ``fwd_intra``'s ``w``, ``u`` (and ``A``
     where ``dA`` is given) from the WY kernel (``kernels/wy_bwd.py``): ``dk``
-    summed over each group of :func:`heads_per_program` value heads, ``[B,
-    T, H / GROUP, K]`` (bfloat16 for bfloat16 inputs, else float32; at
-    ``GROUP = H / Hg`` the key heads' own), ``dv`` in v's dtype, ``dbeta`` and
-    ``dgc`` float32. ``dk_in``: more of ``dk`` (the per-chunk kernel's),
-    laid out as the result, added. ``dw [B,
+    per value head ``[B, T, H, K]`` (bfloat16 for bfloat16 inputs, else
+    float32), ``dv`` in v's dtype, ``dbeta`` and ``dgc`` float32. ``dw [B,
     T, H, K]``, ``du [B, T, H, V]``, ``dA [B, T, H, 64]``: the cotangents,
     laid out as ``w``, ``u``, ``A``; ``gc`` the chunk-local cumulative gates.
     ``dgc_shares [NK, B, T, H]`` (float32): more of ``dgc`` (the per-chunk
@@ -177,9 +162,8 @@ def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_ind
     H, V = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
     NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
-    group = heads_per_program(H, Hg)
-    grid = head_fastest_grid(NT, H // group, B)
-    check_grid("backward", grid, ("chunks * groups of value heads (NT * H / GROUP)", "batch rows B"))
+    grid = head_fastest_grid(NT, H, B)
+    check_grid("backward", grid, ("chunks * value heads (NT * H)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     f32 = jnp.float32
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
@@ -187,11 +171,10 @@ def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_ind
     return launch(
         "wy_bwd", gdn_wy_bwd_kernel,
         (k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
-         jnp.zeros((1,), f32) if dgc_shares is None else dgc_shares, dummy if dk_in is None else dk_in,
-         cu_seqlens if varlen else dummy, chunk_indices if varlen else dummy, T),
-        out=(jax.ShapeDtypeStruct((B, T, H // group, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
+         jnp.zeros((1,), f32) if dgc_shares is None else dgc_shares, cu_seqlens if varlen else dummy,
+         chunk_indices if varlen else dummy, T),
+        out=(jax.ShapeDtypeStruct((B, T, H, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
              jax.ShapeDtypeStruct(beta.shape, f32), jax.ShapeDtypeStruct(gc.shape, f32)),
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_pow2(K), BV=BVw, IS_VARLEN=varlen,
         DOT_PRECISION=dot_precision(), V_STAGES=v_stages, DA_IN=dA is not None,
-        NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None,
-        GROUP=group, DK_IN=dk_in is not None)
+        NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None)

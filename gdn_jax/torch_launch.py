@@ -247,7 +247,7 @@ def chunk_fwd_torch(q, k, w, u, gc, initial_state=None, cu_seqlens=None, *, scal
 
 
 def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=None, *, scale,
-                    dot_precision="tf32", config=None, configs=None, qk_in=True, from_A=True, group=None):
+                    dot_precision="tf32", config=None, configs=None, qk_in=True, from_A=True):
     """The backward of the chunked forward from the Triton kernels on torch
     tensors (the interpreter tests' launch of the whole pipeline):
     ``(dq, dk, dv, da, dbeta, dh0)`` as
@@ -264,14 +264,10 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     config kwargs}``, names as in :data:`gdn_jax.autotune.UNTUNED`, Triton
     launch options such as ``maxnreg`` included, and ``BV`` of the per-chunk
     and WY kernels, else :func:`~gdn_jax.chunk_bwd_launch.value_blocks`, and
-    ``BK`` of the per-chunk kernel, else 64) pins the other kernels'.
-    ``group``: the value heads a program of the per-chunk and WY kernels
-    takes (a divisor of ``H / Hg``; else
-    :func:`~gdn_jax.chunk_bwd_launch.heads_per_program`), their partial sums
-    of ``dq`` and ``dk`` summed over the rest here."""
+    ``BK`` of the per-chunk kernel, else 64) pins the other kernels'."""
     import torch
 
-    from .chunk_bwd_launch import _pow2, heads_per_program, partials_in_input_dtype, value_blocks
+    from .chunk_bwd_launch import _pow2, partials_in_input_dtype, value_blocks
     from .chunk_indices import chunk_offsets
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
     from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
@@ -321,32 +317,28 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     NK = cdiv(K, BKl)
     BVl, _, v_stages = value_blocks(K, V, k.element_size())  # as chunk_bwd_launch
     part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
-    group = heads_per_program(H, Hg) if group is None else group
-    dq = torch.empty(B, T, H // group, K, device=dev, dtype=part)
+    dq = torch.empty(B, T, H, K, device=dev, dtype=part)
     dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
-    local[(NT * (H // group) * NK, B)](
+    local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, GROUP=group,
+        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
-    dk, dv, dbeta, da = wy_bwd_torch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens,
-                                     dot_precision=dot_precision, configs=configs, dgc_shares=dg, dk_in=dk,
-                                     group=group)
-    heads = lambda x: x.float().view(B, T, Hg, -1, K).sum(3)  # noqa: E731  the groups of a key head, in float32
-    return heads(dq), heads(dk), dv, da, dbeta, dh0
+    dk_wy, dv, dbeta, da = wy_bwd_torch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens,
+                                        dot_precision=dot_precision, configs=configs, dgc_shares=dg)
+    heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
+    return heads(dq), heads(dk.float() + dk_wy), dv, da, dbeta, dh0
 
 
 def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_precision="tf32",
-                 configs=None, dgc_shares=None, dk_in=None, group=None):
+                 configs=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` of the WY kernel on torch tensors, as
-    :func:`gdn_jax.chunk_bwd_launch.wy_bwd_launch` (``dk [B, T, H / group,
-    K]``, summed over each group of ``group`` value heads, by default
-    :func:`~gdn_jax.chunk_bwd_launch.heads_per_program`; ``dgc_shares``
-    given: ``da`` last; ``configs`` as :func:`chunk_bwd_torch`'s)."""
+    :func:`gdn_jax.chunk_bwd_launch.wy_bwd_launch` (``dk`` per value head;
+    ``dgc_shares`` given: ``da`` last; ``configs`` as :func:`chunk_bwd_torch`'s)."""
     import torch
 
-    from .chunk_bwd_launch import _pow2, heads_per_program, partials_in_input_dtype, value_blocks
+    from .chunk_bwd_launch import _pow2, partials_in_input_dtype, value_blocks
     from .kernels.wy_bwd import gdn_wy_bwd_kernel
 
     B, T, Hg, K = k.shape
@@ -358,19 +350,18 @@ def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_pre
     NT = cdiv(T, 64) if not varlen else len(ci)
     _, BVw, v_stages = value_blocks(K, V, k.element_size())
     part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
-    group = heads_per_program(H, Hg) if group is None else group
-    dk = torch.empty(B, T, H // group, K, device=dev, dtype=part)
+    dk = torch.empty(B, T, H, K, device=dev, dtype=part)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     dg = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
-    wy[head_fastest_grid(NT, H // group, B)](
+    wy[head_fastest_grid(NT, H, B)](
         k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
-        torch.zeros(1, device=dev) if dgc_shares is None else dgc_shares, dummy if dk_in is None else dk_in,
+        torch.zeros(1, device=dev) if dgc_shares is None else dgc_shares,
         dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, dk, dv, dbeta, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=_pow2(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, DA_IN=dA is not None,
         NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None,
-        GROUP=group, DK_IN=dk_in is not None, **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
+        **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
     return dk, dv, dbeta, dg
 
 

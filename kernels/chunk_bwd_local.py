@@ -3,8 +3,8 @@ the gates' part, once the reverse walk has given every chunk's ``dv'`` and
 leaving-state cotangent ``dS'``.
 
 Written from docs/math.md ("Gradients"; ``gdn_jax/chunk_bwd_jnp.py`` is its jnp
-reference). One program per (chunk, group of ``GROUP`` value heads, block
-of ``BK`` key columns), on the head-fastest grid of the intra kernels (``tiles.program_chunk``) with
+reference). One program per (chunk, value head, block of ``BK`` key columns),
+on the head-fastest grid of the intra kernels (``tiles.program_chunk``) with
 the K blocks fastest (the blocks of one chunk run side by side and read its
 ``v'``, ``do`` and ``dv'`` once from HBM, the second time from L2), with
 the chunk's entering state ``S`` (a row of ``h``), ``dS'`` (a row of ``dh``),
@@ -18,12 +18,8 @@ the chunk's entering state ``S`` (a row of ``h``), ``dS'`` (a row of ``dh``),
     dgc[last] += gamma <dS', S> + sum(c)
 
 Each K block writes its share of ``dgc`` (a row of ``dg [NK, B, T, H]``; the
-WY kernel adds them). The program takes its group's value heads (consecutive,
-of one key head: ``GROUP`` divides ``H / Hg``) in turn and writes their sums
-of ``dq`` and ``dk`` (``[B, T, H / GROUP, K]``): each head after the first
-adds the sum so far, read back from what the program stored (L2; a CTA
-barrier between), so that at ``GROUP = H / Hg`` no per-value-head partial
-reaches HBM and no GQA sum follows. The sums over ``V`` run over blocks of
+launcher sums them). ``dq`` and ``dk`` are per value head (float32); the
+launcher sums a key head's value heads. The sums over ``V`` run over blocks of
 ``BV`` columns.
 """
 import triton
@@ -58,26 +54,58 @@ def value_block_sums(b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, 
     return b_dov, b_dos, b_vds, b_dw, b_sds
 
 
-@triton.jit(noinline=True)
-def head_gradients(q, k, v_new, gc, do, dv, h, dh, scale, T, dq, dk, dw, dg, i_t, i_g, i_h, i_k, bos, seq_len,
-                   h_row, acc, H: tl.constexpr, Hg: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, V_STAGES: tl.constexpr):
-    """Value head ``i_h``'s part of the program: its ``dw`` and ``dg`` share,
-    and its ``dq``, ``dk`` added to its group's (``acc``: to the sums so far,
-    read back from ``dq``, ``dk``). A function of its own (not inlined), so
-    that the compiler allocates registers for one head's tiles, as for the
-    kernel of one head, and holds nothing of it across the loop over heads."""
-    HG: tl.constexpr = H // GROUP
+@triton.autotune(
+    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
+    key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN"],
+)
+@triton.jit(do_not_specialize=["T"])
+def gdn_chunk_bwd_local_kernel(
+    q,
+    k,
+    v_new,
+    gc,
+    do,
+    dv,
+    h,
+    dh,
+    cu_seqlens,
+    chunk_indices,
+    scale,
+    T,
+    dq,
+    dk,
+    dw,
+    dg,
+    H: tl.constexpr,
+    Hg: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    V_STAGES: tl.constexpr,
+):
+    NK: tl.constexpr = (K + BK - 1) // BK
+    i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN, NK)
+    if i_t * BT >= seq_len:
+        return
+    i_k = tl.program_id(0) % NK
+    if IS_VARLEN:  # the chunk's row in h and dh: its place in the chunk list
+        h_row = (tl.program_id(0) // (NK * H)).to(tl.int64)
+    else:
+        h_row = tl.program_id(1).to(tl.int64) * ((T + BT - 1) // BT) + i_t
     i_hk = i_h // (H // Hg)
+    scale = tl.cast(scale, tl.float32)
+
     o_t = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
     r = (i_t * BT + o_t).to(tl.int64)
     m_t = r < seq_len
     m_tk = m_t[:, None] & (o_k < K)[None, :]
     rows_k = (bos + r)[:, None] * (Hg * K) + i_hk * K + o_k[None, :]  # q, k
-    rows_gk = (bos + r)[:, None] * (HG * K) + i_g * K + o_k[None, :]  # dq, dk: the group's sums
-    rows_hk = (bos + r)[:, None] * (H * K) + i_h * K + o_k[None, :]  # dw
+    rows_hk = (bos + r)[:, None] * (H * K) + i_h * K + o_k[None, :]  # dq, dk, dw
     b_q = tl.load(q + rows_k, mask=m_tk, other=0)
     b_k = tl.load(k + rows_k, mask=m_tk, other=0)
 
@@ -112,12 +140,8 @@ def head_gradients(q, k, v_new, gc, do, dv, h, dh, scale, T, dq, dk, dw, dg, i_t
     b_Dx = b_D.to(b_k.dtype)
     b_dq = scale * b_e[:, None] * b_dos + tl.dot(b_Dx, b_k, input_precision=DOT_PRECISION)
     b_dk = tl.dot(tl.trans(b_Dx), b_q, input_precision=DOT_PRECISION) + b_decay[:, None] * b_vds
-    if GROUP > 1:  # the group's sums so far, stored by this program's threads (a barrier first)
-        tl.debug_barrier()
-        b_dq += tl.load(dq + rows_gk, mask=m_tk & acc, other=0).to(tl.float32)
-        b_dk += tl.load(dk + rows_gk, mask=m_tk & acc, other=0).to(tl.float32)
-    tl.store(dq + rows_gk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + rows_gk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    tl.store(dq + rows_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dw + rows_hk, b_dw.to(dw.dtype.element_ty), mask=m_tk)
 
     b_P = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
@@ -128,53 +152,3 @@ def head_gradients(q, k, v_new, gc, do, dv, h, dh, scale, T, dq, dk, dw, dg, i_t
     b_dg += tl.where(r == last, b_dgl, 0)
     dg_rows = i_k.to(tl.int64) * tl.num_programs(1) * T * H  # this K block's share: B x T x H
     tl.store(dg + dg_rows + (bos + r) * H + i_h, b_dg, mask=m_t)
-
-
-@triton.autotune(
-    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
-    key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN", "GROUP"],
-)
-@triton.jit(do_not_specialize=["T"])
-def gdn_chunk_bwd_local_kernel(
-    q,
-    k,
-    v_new,
-    gc,
-    do,
-    dv,
-    h,
-    dh,
-    cu_seqlens,
-    chunk_indices,
-    scale,
-    T,
-    dq,
-    dk,
-    dw,
-    dg,
-    H: tl.constexpr,
-    Hg: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    V_STAGES: tl.constexpr,
-    GROUP: tl.constexpr = 1,
-):
-    NK: tl.constexpr = (K + BK - 1) // BK
-    HG: tl.constexpr = H // GROUP  # groups of value heads: dq and dk are [B, T, HG, K]
-    i_t, i_g, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, HG, IS_VARLEN, NK)
-    if i_t * BT >= seq_len:
-        return
-    i_k = tl.program_id(0) % NK
-    if IS_VARLEN:  # the chunk's row in h and dh: its place in the chunk list
-        h_row = (tl.program_id(0) // (NK * HG)).to(tl.int64)
-    else:
-        h_row = tl.program_id(1).to(tl.int64) * ((T + BT - 1) // BT) + i_t
-    scale = tl.cast(scale, tl.float32)
-    for j in range(GROUP):
-        head_gradients(q, k, v_new, gc, do, dv, h, dh, scale, T, dq, dk, dw, dg, i_t, i_g, i_g * GROUP + j, i_k,
-                       bos, seq_len, h_row, j > 0, H, Hg, K, V, BT, BK, BV, GROUP, DOT_PRECISION, V_STAGES)

@@ -12,17 +12,13 @@ head::
     dgc    = beta e rowsum((A^T dw) k) + rowsum(dL L) - colsum(dL L)
     dL     = strict_tril(-A^T (du (beta v)^T + dw (beta e k)^T) A^T),  G = (k k^T) E
 
-One program per (chunk, group of ``GROUP`` value heads) on the
-head-fastest grid of the intra kernels (``tiles.program_chunk``), the
-group's heads in turn, the whole ``K`` as one tile, ``V`` in blocks of
-``BV`` columns; ``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``.
-``DA_IN``: ``dA`` holds a cotangent of ``A`` itself (laid out as ``A``),
-added to the one above (``fwd_intra``'s own backward, whose ``A`` is an
-output). ``dk [B, T, H / GROUP, K]`` is the group's sum (``GROUP`` divides
-``H / Hg``; each head after the first adds the sum so far, read back from
-what the program stored, a CTA barrier between: at ``GROUP = H / Hg`` it is
-the key head's ``dk``, with no GQA sum after); ``DK_IN``: ``dk_in``, laid
-out as ``dk``, is added (the per-chunk kernel's part of ``dk``).
+One program per (chunk, value head) on the head-fastest grid of the intra
+kernels (``tiles.program_chunk``), the whole ``K`` as one tile, ``V`` in
+blocks of ``BV`` columns;
+``A`` is the stored ``[T, H, 64]`` of ``fwd_intra``. ``DA_IN``: ``dA`` holds a cotangent of
+``A`` itself (laid out as ``A``), added to the one above (``fwd_intra``'s
+own backward, whose ``A`` is an output). ``dk`` is per value head
+(float32; the launcher sums a key head's value heads and adds the walk's part).
 
 ``NK_IN``: ``dg_in`` holds that many ``[B, T, H]`` rows of ``dgc`` shares
 (the per-chunk kernel's, one per K block), added to this kernel's.
@@ -54,19 +50,45 @@ def value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V: tl.const
     return b_db, b_duv
 
 
-@triton.jit(noinline=True)
-def head_gradients(k, v, beta, gc, A, dw, du, dA, dg_in, dk_in, T, dk, dv, dbeta, dg, i_t, i_g, i_h, bos, seq_len,
-                   j, H: tl.constexpr, Hg: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr, V_STAGES: tl.constexpr,
-                   DA_IN: tl.constexpr, NK_IN: tl.constexpr, REV_CUMSUM: tl.constexpr, GROUP: tl.constexpr,
-                   DK_IN: tl.constexpr):
-    """Value head ``i_h``'s part of the program (the ``j``-th of its group):
-    its ``dv``, ``dbeta``, ``dg``, and its ``dk`` added to the group's (to
-    ``dk_in`` with the first head, then to the sum so far, read back from
-    ``dk``). A function of its own (not inlined), so that the compiler
-    allocates registers for one head's tiles, as for the kernel of one head,
-    and holds nothing of it across the loop over heads."""
-    HG: tl.constexpr = H // GROUP
+@triton.autotune(
+    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
+    key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN"],
+)
+@triton.jit(do_not_specialize=["T"])
+def gdn_wy_bwd_kernel(
+    k,
+    v,
+    beta,
+    gc,
+    A,
+    dw,
+    du,
+    dA,
+    dg_in,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    dk,
+    dv,
+    dbeta,
+    dg,
+    H: tl.constexpr,
+    Hg: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    V_STAGES: tl.constexpr,
+    DA_IN: tl.constexpr = False,
+    NK_IN: tl.constexpr = 0,
+    REV_CUMSUM: tl.constexpr = False,
+):
+    i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
+    if i_t * BT >= seq_len:
+        return
     i_hk = i_h // (H // Hg)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -75,7 +97,6 @@ def head_gradients(k, v, beta, gc, A, dw, du, dA, dg_in, dk_in, T, dk, dv, dbeta
     m_tk = m_t[:, None] & (o_k < K)[None, :]
     rows = (bos + r) * H + i_h  # [BT]: row and value head of beta, gc
     rows_hk = rows[:, None] * K + o_k[None, :]
-    rows_gk = ((bos + r) * HG + i_g)[:, None] * K + o_k[None, :]  # dk, dk_in: the group's sums
 
     b_beta = tl.load(beta + rows, mask=m_t, other=0).to(tl.float32)
     b_g = tl.load(gc + rows, mask=m_t, other=0).to(tl.float32)
@@ -123,64 +144,10 @@ def head_gradients(k, v, beta, gc, A, dw, du, dA, dg_in, dk_in, T, dk, dv, dbeta
     b_db += b_e * b_kdw
     b_dg += b_beta * b_e * b_kdw
     b_dk += (b_beta * b_e)[:, None] * b_Atdw
-    if DK_IN:  # the per-chunk kernel's sum over the group, added with the first head
-        b_dk += tl.load(dk_in + rows_gk, mask=m_tk & (j == 0), other=0).to(tl.float32)
-    if GROUP > 1:  # the group's sum so far, stored by this program's threads (a barrier first)
-        tl.debug_barrier()
-        b_dk += tl.load(dk + rows_gk, mask=m_tk & (j > 0), other=0).to(tl.float32)
-    tl.store(dk + rows_gk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dbeta + rows, b_db, mask=m_t)
     for i in tl.static_range(NK_IN):  # the per-chunk kernel's shares: [NK_IN, B, T, H]
         b_dg += tl.load(dg_in + i * (tl.num_programs(1).to(tl.int64) * T * H) + rows, mask=m_t, other=0)
     if REV_CUMSUM:  # rows past the end hold 0: the chunk's total is over its rows
         b_dg = tl.sum(b_dg, axis=0) - tl.cumsum(b_dg, axis=0) + b_dg
     tl.store(dg + rows, b_dg, mask=m_t)
-
-
-@triton.autotune(
-    configs=[triton.Config({}, num_warps=num_warps, num_stages=2) for num_warps in [4, 8]],
-    key=["H", "Hg", "K", "V", "BK", "BV", "IS_VARLEN", "GROUP"],
-)
-@triton.jit(do_not_specialize=["T"])
-def gdn_wy_bwd_kernel(
-    k,
-    v,
-    beta,
-    gc,
-    A,
-    dw,
-    du,
-    dA,
-    dg_in,
-    dk_in,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    dk,
-    dv,
-    dbeta,
-    dg,
-    H: tl.constexpr,
-    Hg: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    V_STAGES: tl.constexpr,
-    DA_IN: tl.constexpr = False,
-    NK_IN: tl.constexpr = 0,
-    REV_CUMSUM: tl.constexpr = False,
-    GROUP: tl.constexpr = 1,
-    DK_IN: tl.constexpr = False,
-):
-    HG: tl.constexpr = H // GROUP  # groups of value heads: dk and dk_in are [B, T, HG, K]
-    i_t, i_g, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, HG, IS_VARLEN)
-    if i_t * BT >= seq_len:
-        return
-    for j in range(GROUP):
-        head_gradients(k, v, beta, gc, A, dw, du, dA, dg_in, dk_in, T, dk, dv, dbeta, dg, i_t, i_g, i_g * GROUP + j,
-                       bos, seq_len, j, H, Hg, K, V, BT, BK, BV, DOT_PRECISION, V_STAGES, DA_IN, NK_IN, REV_CUMSUM,
-                       GROUP, DK_IN)

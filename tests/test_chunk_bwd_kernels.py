@@ -77,17 +77,6 @@ def test_value_columns_past_one_block(B, T, cu):
     run("float32", B, T, 1, 2, 32, 160, cu=cu, seed=7)
 
 
-@pytest.mark.parametrize("dtype", list(TORCH))
-@pytest.mark.parametrize("group", [1, 2, 4])
-def test_value_heads_per_program(dtype, group):
-    """The per-chunk and WY kernels' programs take ``group`` value heads of a
-    key head in turn, summing their ``dq`` and ``dk`` through what they
-    stored (GQA 4: at 2, two sums per key head left to the launch), packed
-    with empty and one-row sequences, K = 96 (two K blocks of the per-chunk
-    kernel, the second masked)."""
-    run(dtype, 1, 150, 2, 8, 96, 16, cu=[0, 0, 1, 70, 150], seed=10, group=group)
-
-
 @pytest.mark.parametrize("qk_in", [True, False])
 def test_walks_on_rebuilt_w_u(qk_in):
     """The walks' other forms (``FROM_A`` off: ``w, u`` rebuilt by
