@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .chunk_bwd_gluon import reverse_walk_gluon, walk_missing
 from .chunk_bwd_jnp import key_heads
 from .chunk_indices import cdiv, chunk_offsets
 from .chunk_launch import chunk_fwd_grid, chunk_qk_triton, chunk_walk_triton, programs_bucket
@@ -116,20 +117,13 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     if qk is None:
         qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices)
     from .kernels.chunk_bwd_local import gdn_chunk_bwd_local_kernel
-    from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
 
     # dv' in k's dtype: both kernels that read it round it to that dtype for
     # their dots (the per-chunk kernel to k's, the WY one to A's, which is
     # k's), so storing it rounded gives the same bits at half the bytes
-    rows = jax.ShapeDtypeStruct((B, T, H, V), k.dtype)
-    dv_new, dh, dh0 = launch(
-        "chunk_bwd_walk", gdn_chunk_bwd_walk_kernel,
-        (q, k, A, beta32, gc, do, qk, dummy if dht is None else dht.astype(f32), cu,
-         dummy if offsets is None else offsets, float(scale), T),
-        out=(rows, jax.ShapeDtypeStruct(h.shape, h.dtype), jax.ShapeDtypeStruct((N, H, K, V), f32)),
-        grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]), tune_key=("programs", programs_bucket(N, H)),
-        H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BK, USE_DHT=dht is not None, IS_VARLEN=varlen,
-        DOT_PRECISION=prec, QK_IN=True, FROM_A=True)
+    walk = reverse_walk_gluon if walk_missing(k.dtype, K) is None else reverse_walk_triton
+    dv_new, dh, dh0 = walk(q, k, A, beta32, gc, do, qk, dht, cu_seqlens, offsets, scale=scale, N=N,
+                           chunks=h.shape[0])
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
     per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
     dq, dk, dw, dg = launch(
@@ -144,6 +138,27 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
             da, dbeta, dh0)
+
+
+def reverse_walk_triton(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, scale, N: int, chunks: int):
+    """``(dv', dh, dh0)`` of the reverse walk from the Triton kernel
+    (``kernels/chunk_bwd_walk.py``, from ``A`` and the output block ``qk``),
+    arguments and results as :func:`gdn_jax.chunk_bwd_gluon.reverse_walk_gluon`."""
+    from .kernels.chunk_bwd_walk import gdn_chunk_bwd_walk_kernel
+
+    B, T, Hg, K = k.shape
+    H, V = do.shape[2], do.shape[3]
+    dummy = jnp.zeros((1,), jnp.int32)
+    f32 = jnp.float32
+    return launch(
+        "chunk_bwd_walk", gdn_chunk_bwd_walk_kernel,
+        (q, k, A, beta, gc, do, qk, dummy if dht is None else dht.astype(f32),
+         dummy if cu_seqlens is None else cu_seqlens, dummy if offsets is None else offsets, float(scale), T),
+        out=(jax.ShapeDtypeStruct((B, T, H, V), k.dtype), jax.ShapeDtypeStruct((chunks, H, K, V), k.dtype),
+             jax.ShapeDtypeStruct((N, H, K, V), f32)),
+        grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]), tune_key=("programs", programs_bucket(N, H)),
+        H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_pow2(K), USE_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None,
+        DOT_PRECISION=dot_precision(), QK_IN=True, FROM_A=True)
 
 
 def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None):

@@ -75,18 +75,26 @@ def environment_missing() -> str | None:
     it needs a compute capability 9.x GPU, a triton with Gluon's Hopper ops,
     jax-triton >= 0.4 (Gluon launches) and, with ``TMA``, a jaxlib that
     passes TMA descriptors to Triton kernels. Read once per process."""
+    return gluon_environment_missing("gluon_intra", TMA)
+
+
+@functools.cache
+def gluon_environment_missing(module: str, tma: bool) -> str | None:
+    """Why this machine cannot run the Gluon kernel of ``kernels/<module>.py``
+    from JAX, or None (:func:`environment_missing`'s checks; ``tma``: the
+    kernel takes TMA descriptors). Read once per process."""
     if not backend.cuda_available():
         return f"it needs an NVIDIA GPU, JAX runs on {jax.default_backend()!r}"
     if backend.compute_capability_major() != 9:
         return f"it needs a Hopper GPU (compute capability 9.x), got {jax.devices()[0].compute_capability}"
     try:
-        importlib.import_module(f"{__package__}.kernels.gluon_intra")
+        importlib.import_module(f"{__package__}.kernels.{module}")
         triton_lib = importlib.import_module("jax_triton.triton_lib")
     except ImportError as e:
         return f"it needs triton with Gluon and jax-triton >= 0.4: {e}"
     if not hasattr(getattr(triton_lib, "TritonFunction", None), "_compile_kernel"):
         return "it needs jax-triton >= 0.4 (Gluon launches)"
-    if TMA and not hasattr(triton_lib.triton_kernel_call_lib, "create_tma_descriptor_parameter"):
+    if tma and not hasattr(triton_lib.triton_kernel_call_lib, "create_tma_descriptor_parameter"):
         return "it needs a jaxlib that passes TMA descriptors to Triton kernels (create_tma_descriptor_parameter)"
     return None
 
