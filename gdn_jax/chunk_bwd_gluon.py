@@ -17,13 +17,18 @@ from .triton_launch import triton_call
 BV = 32  # the value columns of one program (the Triton walk's fixed config at K = 128)
 
 
-def walk_missing(dtype, K: int) -> str | None:
+def walk_missing(dtype, K: int, T: int = 2, packed: bool = False) -> str | None:
     """Why the Gluon reverse walk cannot take a launch of inputs of ``dtype``
-    with ``K`` key columns here, or None when it can."""
+    with ``K`` key columns and ``T`` rows per batch row (``packed``: one row
+    of packed sequences) here, or None when it can."""
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"it takes bfloat16 or float16 inputs, got {jnp.dtype(dtype).name}"
     if K != 128:
         return f"it takes K = 128, got K={K}"
+    if T == 1 and not packed:
+        # one chunk gains nothing from copies a step ahead
+        return ("it takes T > 1 at fixed length, got T=1 (jax-triton passes T = 1 as a constant, with which "
+                "triton 3.6 fails to lower the kernel to LLVM)")
     return gluon_environment_missing("gluon_bwd_walk", False)
 
 
@@ -34,17 +39,13 @@ def reverse_walk_gluon(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, s
     Hg, K]``; ``A``, ``qk [B, T, H, 64]``; ``beta``, ``gc [B, T, H]``
     float32; ``do [B, T, H, V]``; ``dht [N, H, K, V]`` float32 or None;
     ``cu_seqlens`` and ``offsets`` (the sequences' first chunks) int32 or
-    None (fixed length, ``N = B``); ``chunks``: rows of ``dh``."""
+    None (fixed length, ``N = B``, ``T > 1``: :func:`walk_missing`);
+    ``chunks``: rows of ``dh``."""
     from .kernels.gluon_bwd_walk import gdn_chunk_bwd_walk_gluon_kernel
 
     compile_gluon_as_triton_does()
     B, T, Hg, K = k.shape
     H, V = do.shape[2], do.shape[3]
-    if cu_seqlens is None and T == 1:
-        # B sequences of one row, as a packed batch (the same chunks and
-        # states): jax-triton passes T = 1 as a constant, with which triton
-        # 3.6 fails to lower the fixed-length kernel to LLVM
-        cu_seqlens = offsets = jnp.arange(B + 1, dtype=jnp.int32)
     dummy = jnp.zeros((1,), jnp.int32)
     out = (jax.ShapeDtypeStruct((B, T, H, V), k.dtype), jax.ShapeDtypeStruct((chunks, H, K, V), k.dtype),
            jax.ShapeDtypeStruct((N, H, K, V), jnp.float32))

@@ -121,7 +121,7 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     # dv' in k's dtype: both kernels that read it round it to that dtype for
     # their dots (the per-chunk kernel to k's, the WY one to A's, which is
     # k's), so storing it rounded gives the same bits at half the bytes
-    walk = reverse_walk_gluon if walk_missing(k.dtype, K) is None else reverse_walk_triton
+    walk = reverse_walk_gluon if walk_missing(k.dtype, K, T, varlen) is None else reverse_walk_triton
     dv_new, dh, dh0 = walk(q, k, A, beta32, gc, do, qk, dht, cu_seqlens, offsets, scale=scale, N=N,
                            chunks=h.shape[0])
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32

@@ -29,7 +29,7 @@ Shared memory: 109 KB (two programs an SM, as the Triton kernel's 113 KB).
 Scope: ``K = 128``, bfloat16 or float16, fixed or packed (cp.async zero-fills
 rows past a sequence); fixed length needs ``T > 1`` (jax-triton passes ``T =
 1`` as a constant, and with it folded triton 3.6 fails to lower the kernel to
-LLVM: ``gdn_jax.chunk_bwd_gluon`` launches such a batch as packed). ``TRITON_INTERPRET=1`` does not run Gluon kernels;
+LLVM: ``gdn_jax.chunk_bwd_gluon`` runs the Triton walk there). ``TRITON_INTERPRET=1`` does not run Gluon kernels;
 ``gdn_jax.chunk_bwd_launch`` runs the Triton kernel where this one cannot.
 """
 from triton.experimental import gluon

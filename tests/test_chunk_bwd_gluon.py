@@ -37,6 +37,9 @@ print(json.dumps(dict(num_warps=c.metadata.num_warps, shared=c.metadata.shared,
 def test_walk_missing_names_what_it_takes():
     assert chunk_bwd_gluon.walk_missing(jnp.float32, 128) == "it takes bfloat16 or float16 inputs, got float32"
     assert chunk_bwd_gluon.walk_missing(jnp.bfloat16, 64) == "it takes K = 128, got K=64"
+    assert chunk_bwd_gluon.walk_missing(jnp.float16, 128, T=1).startswith("it takes T > 1 at fixed length, got T=1")
+    assert chunk_bwd_gluon.walk_missing(jnp.float16, 128, T=1, packed=True) \
+        == chunk_bwd_gluon.walk_missing(jnp.float16, 128, T=1000)
     if not cuda_available():
         assert chunk_bwd_gluon.walk_missing(jnp.bfloat16, 128).startswith("it needs an NVIDIA GPU")
 
@@ -96,7 +99,7 @@ def walk_inputs(seed, B, T, Hg, H, dtype, cu=None):
 @pytest.mark.skipif(not cuda_available() or chunk_bwd_gluon.walk_missing(jnp.bfloat16, 128) is not None,
                     reason="needs a Hopper GPU and jax-triton >= 0.4 (Gluon)")
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-@pytest.mark.parametrize("B,T,cu,with_dht", [(2, 1000, None, True), (3, 63, None, False), (2, 1, None, True),
+@pytest.mark.parametrize("B,T,cu,with_dht", [(2, 1000, None, True), (3, 63, None, False),
                                               (1, 1193, [0, 0, 1, 64, 65, 130, 193, 1193], True)])
 def test_gluon_walk_equals_the_triton_walk(dtype, B, T, cu, with_dht):
     cu_np = None if cu is None else np.asarray(cu, np.int32)
