@@ -17,7 +17,7 @@ What Triton 3.6 does not do with that loop, and this kernel does:
   the step computes. Triton's pipeliner at 2 stages issues them after the
   step's products and awaits them all at the next step's top: each step waited
   a whole load latency (docs/performance.md). ``M`` and ``do``, in one slot
-  each, are refilled once the step's first product has read them;
+  each, are refilled once the step's first products have read them;
 - the chain's products (``k dS``, ``A^T dv'``, ``k^T (...)``) go first to
   the tensor cores, and ``q^T (e do)`` (into ``gamma dS``) runs beside the
   last two;
@@ -28,9 +28,10 @@ What Triton 3.6 does not do with that loop, and this kernel does:
 Shared memory: 109 KB (two programs an SM, as the Triton kernel's 113 KB).
 Scope: ``K = 128``, bfloat16 or float16, fixed or packed (cp.async zero-fills
 rows past a sequence); fixed length needs ``T > 1`` (jax-triton passes ``T =
-1`` as a constant, and with it folded triton 3.6 fails to lower the kernel to
-LLVM: ``gdn_jax.chunk_bwd_gluon`` runs the Triton walk there). ``TRITON_INTERPRET=1`` does not run Gluon kernels;
-``gdn_jax.chunk_bwd_launch`` runs the Triton kernel where this one cannot.
+1`` as a constant, and with it folded triton 3.6 fails to lower the kernel
+to LLVM). ``TRITON_INTERPRET=1`` does not run Gluon kernels.
+``gdn_jax.chunk_bwd_launch`` runs the Triton kernel where this one cannot
+(``gdn_jax.chunk_bwd_gluon.walk_missing``).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
