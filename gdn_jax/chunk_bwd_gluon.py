@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from .chunk_indices import cdiv
-from .gluon_launch import compile_gluon_as_triton_does, gluon_environment_missing
+from .gluon_launch import compile_gluon_as_triton_does, compile_gluon_offline, gluon_environment_missing
 from .triton_launch import triton_call
 
 BV = 32  # the value columns of one program (the Triton walk's fixed config at K = 128)
@@ -60,18 +60,10 @@ def compile_offline(dtype: str = "bfloat16", varlen: bool = False, H: int = 32, 
     """The kernel compiled for ``sm_90a`` without a GPU (the installed triton's
     compiler and ptxas; ``dtype``: ``"bfloat16"`` or ``"float16"``): the
     ``CompiledKernel`` (``.asm["ptx"]``, ``.metadata.shared``)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from .kernels.gluon_bwd_walk import gdn_chunk_bwd_walk_gluon_kernel as fn
 
     x = {"bfloat16": "*bf16", "float16": "*fp16"}[dtype]
     sig = dict(q=x, k=x, w=x, beta="*fp32", gc="*fp32", do=x, qk=x, dht="*fp32", cu_seqlens="*i32",
                chunk_offsets="*i32", scale="fp32", T="i32", dv=x, dh=x, dh0="*fp32")
     constexprs = dict(H=H, Hg=Hg, K=128, V=V, BV=BV, USE_DHT=True, IS_VARLEN=varlen)
-    src = GluonASTSource(
-        fn=fn, signature={**sig, **{n: "constexpr" for n in constexprs}},
-        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
-        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t[0] == "*"})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    return compile_gluon_offline(fn, sig, constexprs, dict(num_warps=4))

@@ -232,10 +232,6 @@ def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, di
     as in :func:`launch_args`. ``divisible``: the scalars (of ``T``,
     ``n_tasks``, ``NTC``) compiled as known multiples of 16, as Triton's
     launcher specializes them (jax-triton gives none)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from .kernels.gluon_intra import gdn_fwd_intra_gluon_kernel as fn
 
     _, _, constexprs, maxnreg = launch_args(B, T, Hg, H, K, V, 132, **overrides)
@@ -243,10 +239,22 @@ def compile_offline(B=8, T=4096, Hg=16, H=32, K=128, V=128, *, capability=90, di
             for n, cols in (("k_desc", K), ("v_desc", V), ("w_desc", 64), ("u_desc", 64))}
     sig = dict(k="*bf16", v="*bf16", g="*fp32", beta="*fp32", **desc, T="i32", n_tasks="i32", NTC="i32",
                w="*bf16", u="*bf16", A="*bf16")
+    return compile_gluon_offline(fn, sig, constexprs, dict(num_warps=WARPS, maxnreg=maxnreg),
+                                 capability=capability, divisible=divisible)
+
+
+def compile_gluon_offline(fn, signature: dict, constexprs: dict, options: dict, *, capability=90, divisible=()):
+    """Gluon kernel ``fn`` compiled for ``sm_{capability}a`` without a GPU (the
+    installed triton's compiler and ptxas): ``signature`` the runtime
+    parameters' types, pointers (and the scalars in ``divisible``) taken as
+    multiples of 16; ``options`` as ``triton.compile`` takes them."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
     src = GluonASTSource(
-        fn=fn, signature={**sig, **{n: "constexpr" for n in constexprs}},
+        fn=fn, signature={**signature, **{n: "constexpr" for n in constexprs}},
         constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
-        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+        attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
                if t[0] == "*" or n in divisible})
-    return triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                          options=dict(num_warps=WARPS, maxnreg=maxnreg))
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
