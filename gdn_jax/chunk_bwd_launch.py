@@ -3,9 +3,7 @@ chunk states and ``v'`` (the forward's walk from ``A``), the reverse walk,
 the per-chunk gradients and the WY backward (``kernels/chunk_bwd_walk.py``,
 ``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``; the WY kernel adds the
 per-chunk kernel's shares of the gates' cotangent and takes its reverse cumsum
-within each chunk). Both kernels take a key head's value heads (GQA) in one
-program and write ``dq`` and ``dk`` summed over them, the WY kernel adding
-the per-chunk kernel's ``dk``: no XLA sums follow.
+within each chunk), then the sums over GQA heads in jnp.
 
 What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``),
 the output's attention block its walk read (``chunk_qk``, as large; formed
@@ -22,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from .chunk_bwd_gluon import reverse_walk_gluon, walk_missing
+from .chunk_bwd_jnp import key_heads
 from .chunk_indices import cdiv, chunk_offsets
 from .chunk_launch import chunk_fwd_grid, chunk_qk_triton, chunk_walk_triton, programs_bucket
 from .triton_launch import check_grid, dot_precision, head_fastest_grid, launch
@@ -62,12 +61,12 @@ def value_blocks(K: int, V: int, itemsize: int) -> tuple[int, int, int]:
 
 
 def partials_in_input_dtype(dtype_name: str) -> bool:
-    """Whether the kernels write ``dq`` and ``dk`` (each value head of a
-    key head adding its share to what the one before stored, and the WY
-    kernel adding its share of ``dk`` to the per-chunk kernel's) in the
-    inputs' dtype: for bfloat16, which halves the bytes written and
-    read again (float32's range: no overflow); float32 else (float16's range
-    could overflow where the shares cancel), cast at the end."""
+    """Whether the kernels write the per-value-head partials of ``dq`` and
+    ``dk`` (summed over GQA heads and, for ``dk``, the per-chunk and WY
+    kernels' shares, in float32) in the inputs' dtype: for bfloat16, which
+    halves the bytes the kernels write and the sums read (float32's range:
+    no overflow); float32 else (float16's range could overflow where the
+    shares cancel)."""
     return dtype_name == "bfloat16"
 
 
@@ -94,13 +93,13 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
         dh0 = jnp.zeros((N, H, K, V), f32) if dht is None else dht.astype(f32)
         return zeros(q), zeros(k), zeros(v), jnp.zeros(gc.shape, f32), jnp.zeros(beta.shape, f32), dh0
     NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
+    grid = head_fastest_grid(NT, H, B)
     BK = _pow2(K)
     BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
     NK = cdiv(K, BKl)
     BVl, _, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk kernel's V blocks
-    grid = head_fastest_grid(NT, Hg, B)  # the per-chunk and WY kernels: a key head's value heads a program
     check_grid("backward", (grid[0] * NK, grid[1]),
-               ("chunks * key heads * K blocks (NT * Hg * NK)", "batch rows B"))
+               ("chunks * value heads * K blocks (NT * H * NK)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     cu = cu_seqlens if varlen else dummy
     ci = chunk_indices if varlen else dummy
@@ -126,16 +125,19 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     dv_new, dh, dh0 = walk(q, k, A, beta32, gc, do, qk, dht, cu_seqlens, offsets, scale=scale, N=N,
                            chunks=h.shape[0])
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
-    key_k = jax.ShapeDtypeStruct((B, T, Hg, K), part)
-    dq, dk_local, dw, dg = launch(
+    per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
+    dq, dk, dw, dg = launch(
         "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
-        out=(key_k, key_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype), jax.ShapeDtypeStruct((NK, B, T, H), f32)),
+        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
+             jax.ShapeDtypeStruct((NK, B, T, H), f32)),
         grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
         DOT_PRECISION=prec, V_STAGES=v_stages)
-    dk, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
-                                      dgc_shares=dg, dk_in=dk_local)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv, da, dbeta, dh0
+    dk_wy, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
+                                         dgc_shares=dg)
+
+    return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
+            da, dbeta, dh0)
 
 
 def reverse_walk_triton(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, scale, N: int, chunks: int):
@@ -159,14 +161,11 @@ def reverse_walk_triton(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, 
         DOT_PRECISION=dot_precision(), QK_IN=True, FROM_A=True)
 
 
-def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None,
-                  dk_in=None):
+def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` through ``fwd_intra``'s ``w``, ``u`` (and ``A``
     where ``dA`` is given) from the WY kernel (``kernels/wy_bwd.py``): ``dk``
-    summed over each key head's value heads ``[B, T, Hg, K]`` (bfloat16 for
-    bfloat16 inputs, else float32), ``dv`` in v's dtype, ``dbeta`` and
-    ``dgc`` float32. ``dk_in [B, T, Hg, K]`` (that dtype): more of ``dk``
-    (the per-chunk kernel's), added. ``dw [B,
+    per value head ``[B, T, H, K]`` (bfloat16 for bfloat16 inputs, else
+    float32), ``dv`` in v's dtype, ``dbeta`` and ``dgc`` float32. ``dw [B,
     T, H, K]``, ``du [B, T, H, V]``, ``dA [B, T, H, 64]``: the cotangents,
     laid out as ``w``, ``u``, ``A``; ``gc`` the chunk-local cumulative gates.
     ``dgc_shares [NK, B, T, H]`` (float32): more of ``dgc`` (the per-chunk
@@ -178,22 +177,19 @@ def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_ind
     H, V = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
     NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
-    grid = head_fastest_grid(NT, Hg, B)  # a key head's value heads in one program
-    check_grid("backward", grid, ("chunks * key heads (NT * Hg)", "batch rows B"))
+    grid = head_fastest_grid(NT, H, B)
+    check_grid("backward", grid, ("chunks * value heads (NT * H)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     f32 = jnp.float32
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
-    assert dk_in is None or dk_in.dtype == part, (dk_in.dtype, part)
     _, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)
     return launch(
         "wy_bwd", gdn_wy_bwd_kernel,
         (k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
-         jnp.zeros((1,), f32) if dgc_shares is None else dgc_shares, dummy if dk_in is None else dk_in,
-         cu_seqlens if varlen else dummy,
+         jnp.zeros((1,), f32) if dgc_shares is None else dgc_shares, cu_seqlens if varlen else dummy,
          chunk_indices if varlen else dummy, T),
-        out=(jax.ShapeDtypeStruct((B, T, Hg, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
+        out=(jax.ShapeDtypeStruct((B, T, H, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
              jax.ShapeDtypeStruct(beta.shape, f32), jax.ShapeDtypeStruct(gc.shape, f32)),
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_pow2(K), BV=BVw, IS_VARLEN=varlen,
         DOT_PRECISION=dot_precision(), V_STAGES=v_stages, DA_IN=dA is not None,
-        NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None,
-        DK_IN=dk_in is not None)
+        NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None)

@@ -61,7 +61,7 @@ def intra_bwd_triton(k, v, g, beta, A, dw, du, dA, cu_seqlens=None, chunk_indice
     dtype, ``dv`` in v's, ``dg`` and ``dbeta`` float32."""
     dk, dv, dbeta, dg = wy_bwd_launch(k, v, beta, g.astype(jnp.float32), A, dw, du, dA, cu_seqlens,
                                       chunk_indices)
-    return dk.astype(k.dtype), dv, dg, dbeta  # dk summed over value heads in the kernel
+    return key_heads(dk, k.shape[2], k.dtype), dv, dg, dbeta
 
 
 class IntraBwdStatic(NamedTuple):

@@ -256,7 +256,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     The steps, as :func:`gdn_jax.chunk_bwd_launch.chunk_bwd_triton`: the walk
     from ``A`` again storing the chunk states and ``v'``, the output block
     (``chunk_qk``), the reverse walk, the per-chunk gradients, the WY
-    backward (both summing a key head's value heads).
+    backward; then the sums over value heads (torch).
     ``qk_in=False`` has the reverse walk form ``q k^T`` itself, ``from_A=False``
     rebuilds ``w, u`` (``recompute_w_u``) for both walks (the kernels' other
     forms, for tests and the probe).
@@ -283,7 +283,7 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     offsets = torch.from_numpy(np.array(chunk_offsets(cu_seqlens.cpu().numpy()))).to(dev) \
         if varlen else dummy
     NT = cdiv(T, 64) if not varlen else len(ci)
-    grid = head_fastest_grid(NT, H, B)  # recompute_w_u's
+    grid = head_fastest_grid(NT, H, B)
     if from_A:  # both walks read A (w's place) with beta; v is u's place
         w, u, beta_w = A, v, beta.float()
     else:  # w, u from the saved A (the split path's second kernel)
@@ -317,23 +317,24 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     NK = cdiv(K, BKl)
     BVl, _, v_stages = value_blocks(K, V, k.element_size())  # as chunk_bwd_launch
     part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
-    dq = torch.empty(B, T, Hg, K, device=dev, dtype=part)  # summed over the key head's value heads
+    dq = torch.empty(B, T, H, K, device=dev, dtype=part)
     dk = torch.empty_like(dq)
     dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
-    local[(NT * Hg * NK, B)](
+    local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
-    dk, dv, dbeta, da = wy_bwd_torch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens,
-                                     dot_precision=dot_precision, configs=configs, dgc_shares=dg, dk_in=dk)
-    return dq.float(), dk.float(), dv, da, dbeta, dh0
+    dk_wy, dv, dbeta, da = wy_bwd_torch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens,
+                                        dot_precision=dot_precision, configs=configs, dgc_shares=dg)
+    heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
+    return heads(dq), heads(dk.float() + dk_wy), dv, da, dbeta, dh0
 
 
 def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_precision="tf32",
-                 configs=None, dgc_shares=None, dk_in=None):
+                 configs=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` of the WY kernel on torch tensors, as
-    :func:`gdn_jax.chunk_bwd_launch.wy_bwd_launch` (``dk`` per key head, ``dk_in`` added;
+    :func:`gdn_jax.chunk_bwd_launch.wy_bwd_launch` (``dk`` per value head;
     ``dgc_shares`` given: ``da`` last; ``configs`` as :func:`chunk_bwd_torch`'s)."""
     import torch
 
@@ -349,18 +350,18 @@ def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_pre
     NT = cdiv(T, 64) if not varlen else len(ci)
     _, BVw, v_stages = value_blocks(K, V, k.element_size())
     part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
-    dk = torch.empty(B, T, Hg, K, device=dev, dtype=part)
+    dk = torch.empty(B, T, H, K, device=dev, dtype=part)
     dv = torch.empty(B, T, H, V, device=dev, dtype=torch.float32)
     dbeta = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     dg = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
-    wy[head_fastest_grid(NT, Hg, B)](
+    wy[head_fastest_grid(NT, H, B)](
         k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
-        torch.zeros(1, device=dev) if dgc_shares is None else dgc_shares, dummy if dk_in is None else dk_in,
+        torch.zeros(1, device=dev) if dgc_shares is None else dgc_shares,
         dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, dk, dv, dbeta, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=_pow2(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, DA_IN=dA is not None,
         NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None,
-        DK_IN=dk_in is not None, **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
+        **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
     return dk, dv, dbeta, dg
 
 

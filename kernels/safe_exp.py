@@ -28,14 +28,6 @@ def causal_decay(b_g, m_t, BT: tl.constexpr):
     that ``m_t`` keeps, else 0 (``b_g [BT]``, the chunk-local cumulative log
     gates). Rows past the end stay out of the exponent: their gate reads as
     0, and ``exp(0 - g_j)`` overflows on strong gates."""
-    return causal_decay_rows(b_g, m_t, tl.arange(0, BT))
-
-
-@triton.jit
-def causal_decay_rows(b_g, m_t, r):
-    """:func:`causal_decay` with the rows' indices ``r`` (``[BT]``, increasing)
-    given: a kernel whose ``r`` changes in a loop keeps the ``[BT, BT]`` mask
-    in it, where one built from ``tl.arange`` would be hoisted out of the
-    loop and held in registers across it."""
-    return tl.exp(tl.where((r[:, None] >= r[None, :]) & m_t[:, None], b_g[:, None] - b_g[None, :],
+    o_t = tl.arange(0, BT)
+    return tl.exp(tl.where((o_t[:, None] >= o_t[None, :]) & m_t[:, None], b_g[:, None] - b_g[None, :],
                            float("-inf")))

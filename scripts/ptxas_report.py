@@ -211,15 +211,14 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     **{name: triton_kernel(
         "wy_bwd", "gdn_wy_bwd_kernel",
         lambda s: dict(k=s.dtype, v=s.dtype, beta=F32, gc=F32, A=s.dtype, dw=s.dtype, du=s.dtype, dA=s.dtype,
-                       dg_in=F32, dk_in=s.dtype, cu_seqlens=I32, chunk_indices=I32, T="i32", dk=s.dtype, dv=s.dtype,
-                       dbeta=F32, dg=F32),
+                       dg_in=F32, cu_seqlens=I32, chunk_indices=I32, T="i32", dk=s.dtype, dv=s.dtype, dbeta=F32,
+                       dg=F32),
         # the chunk backward's launch adds the per-chunk kernel's dgc shares (one per K block of 64)
         lambda s, da_in=da_in: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K,
                                     BV=value_blocks(s.K, s.K, s.itemsize)[1],
                                     V_STAGES=value_blocks(s.K, s.K, s.itemsize)[2],
                                     IS_VARLEN=s.varlen, DOT_PRECISION="tf32", DA_IN=da_in,
-                                    NK_IN=0 if da_in else -(-s.K // 64), REV_CUMSUM=not da_in,
-                                    DK_IN=not da_in))
+                                    NK_IN=0 if da_in else -(-s.K // 64), REV_CUMSUM=not da_in))
        for name, da_in in (("backward WY (wy_bwd)", False), ("fwd_intra's backward (wy_bwd, DA_IN)", True))},
     "decode (fused_recurrent)": triton_kernel(
         "fused_recurrent", "gdn_fused_recurrent_kernel",

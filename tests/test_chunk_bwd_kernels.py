@@ -49,7 +49,7 @@ def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0, gate_scale=1.0, **forms):
 
 
 @pytest.mark.parametrize("dtype", list(TORCH))
-@pytest.mark.parametrize("B,T,Hg,H", [(2, 130, 2, 4), (1, 64, 1, 1), (1, 1, 1, 2), (2, 330, 1, 2), (1, 100, 1, 4)])
+@pytest.mark.parametrize("B,T,Hg,H", [(2, 130, 2, 4), (1, 64, 1, 1), (1, 1, 1, 2), (2, 330, 1, 2)])
 def test_fixed_length(dtype, B, T, Hg, H):
     run(dtype, B, T, Hg, H, 32, 16, seed=T)
 

@@ -38,7 +38,7 @@ def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0):
     _, _, A = fwd_intra_torch(t(k), t(v), gt, bt, cu_seqlens=cut, autotune=False, dot_precision="ieee",
                               path="split")
     dk, dv, dbeta, dg = wy_bwd_torch(t(k), t(v), bt, gt, A, *cts, cut, dot_precision="ieee")
-    dk = dk.float()  # the kernel sums a key head's value heads
+    dk = dk.float().view(B, T, Hg, H // Hg, K).sum(3)  # a key head's value heads
     want = float64_grads(k, v, g, beta, [c.float().numpy() for c in cts], None if cu is None else jnp.asarray(cu))
     for name, got, w in zip(["k", "v", "g", "beta"], [dk, dv, dg, dbeta], want):
         e = rel_err(got.double().numpy(), w)
@@ -46,7 +46,7 @@ def run(dtype, B, T, Hg, H, K, V, cu=None, seed=0):
 
 
 @pytest.mark.parametrize("dtype", list(TORCH))
-@pytest.mark.parametrize("B,T,Hg,H", [(2, 130, 2, 4), (1, 64, 1, 1), (1, 1, 1, 2), (1, 100, 1, 4)])
+@pytest.mark.parametrize("B,T,Hg,H", [(2, 130, 2, 4), (1, 64, 1, 1), (1, 1, 1, 2)])
 def test_fixed_length(dtype, B, T, Hg, H):
     run(dtype, B, T, Hg, H, 32, 16, seed=T)
 
