@@ -39,17 +39,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_intra import cp_async_load, partition_barrier
-
-BT = gl.constexpr(64)
-
-
-@gluon.jit
-def tile_offsets(cols: gl.constexpr, stride, col0, layout: gl.constexpr):
-    """``[64, cols]`` int32 offsets ``row * stride + col0 + col`` of a chunk's
-    rows from its first (in ``layout``), and the row index ``[64]``."""
-    r = gl.arange(0, BT, layout=gl.SliceLayout(1, layout))
-    c = gl.arange(0, cols, layout=gl.SliceLayout(0, layout))
-    return r[:, None] * stride + col0 + c[None, :], r
+from .gluon_walk import BT, COLS, LV, MMA, ROWS, S1, S64, S128, walk_offsets, walk_program
 
 
 @gluon.jit
@@ -93,20 +83,7 @@ def gdn_chunk_bwd_walk_gluon_kernel(q, k, w, beta, gc, do, qk, dht, cu_seqlens, 
     gl.static_assert(K == 128)
     gl.static_assert(BV == 32)
     dt: gl.constexpr = q.dtype.element_ty
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
-    rowL: gl.constexpr = gl.SliceLayout(1, mma)
-    colL: gl.constexpr = gl.SliceLayout(0, mma)
-    lv: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-    s128: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    s64: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-    s1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-
-    NV: gl.constexpr = (V + BV - 1) // BV
-    pid = gl.program_id(0)
-    i_v = pid % NV
-    i_h = (pid // NV) % H
-    i_n = pid // (NV * H)
-    i_hk = i_h // (H // Hg)
+    i_v, i_h, i_n, i_hk = walk_program(H, Hg, V)
     if IS_VARLEN:
         bos = gl.load(cu_seqlens + i_n).to(gl.int64)
         seq_len = gl.load(cu_seqlens + i_n + 1).to(gl.int64) - bos
@@ -119,43 +96,30 @@ def gdn_chunk_bwd_walk_gluon_kernel(q, k, w, beta, gc, do, qk, dht, cu_seqlens, 
     o_v = i_v * BV
 
     # state tiles [K, BV] in the accumulator's layout (64-bit offsets)
-    o_k = gl.arange(0, K, layout=rowL)
-    o_c = o_v + gl.arange(0, BV, layout=colL)
+    o_k = gl.arange(0, K, layout=ROWS)
+    o_c = o_v + gl.arange(0, BV, layout=COLS)
     s_mask = (o_k < K)[:, None] & (o_c < V)[None, :]
     s_tile = o_k.to(gl.int64)[:, None] * V + o_c[None, :]
     s_base = (i_n.to(gl.int64) * H + i_h) * (K * V)
     h_base = (first_chunk * H + i_h) * (K * V)
-    ds = gl.zeros([K, BV], gl.float32, mma)
+    ds = gl.zeros([K, BV], gl.float32, MMA)
     if USE_DHT:
         ds = gl.load(dht + s_base + s_tile, mask=s_mask, other=0.0)
 
-    q_s = gl.allocate_shared_memory(dt, [2, BT, K], s128)
-    k_s = gl.allocate_shared_memory(dt, [2, BT, K], s128)
-    a_s = gl.allocate_shared_memory(dt, [2, BT, BT], s128)
-    b_s = gl.allocate_shared_memory(gl.float32, [2, BT], s1)
-    g_s = gl.allocate_shared_memory(gl.float32, [2, BT], s1)
-    m_s = gl.allocate_shared_memory(dt, [BT, BT], s128)  # one slot: refilled after the step's first products
-    do_s = gl.allocate_shared_memory(dt, [BT, BV], s64)
-    ds_s = gl.allocate_shared_memory(dt, [K, BV], s64)  # dS for k dS (and dh's store), then rows 0..63 hold dv'
-    x_s = gl.allocate_shared_memory(dt, [BT, BV], s64)  # scale e do
-    y_s = gl.allocate_shared_memory(dt, [BT, BV], s64)  # beta e (A^T dv')
-    zero = gl.zeros([BT, BV], gl.float32, mma)
+    q_s = gl.allocate_shared_memory(dt, [2, BT, K], S128)
+    k_s = gl.allocate_shared_memory(dt, [2, BT, K], S128)
+    a_s = gl.allocate_shared_memory(dt, [2, BT, BT], S128)
+    b_s = gl.allocate_shared_memory(gl.float32, [2, BT], S1)
+    g_s = gl.allocate_shared_memory(gl.float32, [2, BT], S1)
+    m_s = gl.allocate_shared_memory(dt, [BT, BT], S128)  # one slot: refilled after the step's first products
+    do_s = gl.allocate_shared_memory(dt, [BT, BV], S64)
+    ds_s = gl.allocate_shared_memory(dt, [K, BV], S64)  # dS for k dS (and dh's store), then rows 0..63 hold dv'
+    x_s = gl.allocate_shared_memory(dt, [BT, BV], S64)  # scale e do
+    y_s = gl.allocate_shared_memory(dt, [BT, BV], S64)  # beta e (A^T dv')
+    zero = gl.zeros([BT, BV], gl.float32, MMA)
 
     # loop-invariant int32 offsets of a chunk's tiles from its first row
-    lk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    la: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    l1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    ls: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # 16-byte stores of [*, 32] tiles
-    off_k, r_k = tile_offsets(K, Hg * K, i_hk * K, lk)
-    off_a, r_a = tile_offsets(BT, H * BT, i_h * BT, la)
-    off_v, r_v = tile_offsets(BV, H * V, i_h * V + o_v, lv)
-    c_v = o_v + gl.arange(0, BV, layout=gl.SliceLayout(0, lv))
-    m_cv = c_v < V
-    r_1 = gl.arange(0, BT, layout=l1)
-    o_ks = gl.arange(0, K, layout=gl.SliceLayout(1, ls))
-    o_cs = o_v + gl.arange(0, BV, layout=gl.SliceLayout(0, ls))
-    dh_tile = o_ks.to(gl.int64)[:, None] * V + o_cs[None, :]
-    dh_mask = (o_ks < K)[:, None] & (o_cs < V)[None, :]
+    off_k, r_k, off_a, r_a, off_v, r_v, m_cv, r_1, dh_tile, dh_mask = walk_offsets(H, Hg, K, V, i_h, i_hk, o_v)
 
     n_chunks = (seq_len + BT - 1) // BT
     r_last = (n_chunks - 1) * BT
@@ -177,19 +141,19 @@ def gdn_chunk_bwd_walk_gluon_kernel(q, k, w, beta, gc, do, qk, dht, cu_seqlens, 
             copy_chunk(q, k, w, beta + i_h, gc + i_h, q_s.index(1 - s), k_s.index(1 - s), a_s.index(1 - s),
                        b_s.index(1 - s), g_s.index(1 - s), row - BT, BT, off_k, r_k, off_a, r_a, r_1, H, Hg, K)
             g_next = gl.load(gc + (row - 1) * H + i_h)
-        b_g = g_s.index(s).load(rowL)
-        b_beta = b_s.index(s).load(rowL)
+        b_g = g_s.index(s).load(ROWS)
+        b_beta = b_s.index(s).load(ROWS)
 
         ds_s.store(ds.to(dt))
-        b_do = do_s.load(lv).to(gl.float32)
-        b_gv = g_s.index(s).load(gl.SliceLayout(1, lv))
+        b_do = do_s.load(LV).to(gl.float32)
+        b_gv = g_s.index(s).load(gl.SliceLayout(1, LV))
         x_s.store((b_do * (scale * gl.exp(b_gv))[:, None]).to(dt))  # scale e do
         fence_async_shared()
         partition_barrier()
         t_kd = warpgroup_mma(k_s.index(s), ds_s, zero, use_acc=False, is_async=True)  # k dS, on the chain
         t_md = warpgroup_mma(m_s.permute((1, 0)), do_s, zero, use_acc=False, is_async=True)  # M^T do
         # the entering state's cotangent, from its copy for k dS, as 16-byte stores
-        gl.store(dh + h_base + i_c * (H * K * V) + dh_tile, ds_s.load(ls), mask=dh_mask)
+        gl.store(dh + h_base + i_c * (H * K * V) + dh_tile, ds_s.load(LV), mask=dh_mask)
         b_kd, b_md = warpgroup_mma_wait(0, deps=[t_kd, t_md])
         partition_barrier()  # every warp is past M^T do and k dS: their slots take the next chunk's
         if j + 1 < n_chunks:
@@ -201,7 +165,7 @@ def gdn_chunk_bwd_walk_gluon_kernel(q, k, w, beta, gc, do, qk, dht, cu_seqlens, 
         partition_barrier()
         t_adv = warpgroup_mma(a_s.index(s).permute((1, 0)), dv_s, zero, use_acc=False, is_async=True)  # A^T dv'
         t_ds = warpgroup_mma(q_s.index(s).permute((1, 0)), x_s, ds * gl.exp(g_last), is_async=True)  # off the chain
-        gl.store(dv + row * (H * V) + off_v, dv_s.load(lv), mask=(r_v < seq_len - r0)[:, None] & m_cv[None, :])
+        gl.store(dv + row * (H * V) + off_v, dv_s.load(LV), mask=(r_v < seq_len - r0)[:, None] & m_cv[None, :])
         b_adv = warpgroup_mma_wait(1, deps=[t_adv])
         y_s.store((b_adv * (-b_beta * gl.exp(b_g))[:, None]).to(dt))
         fence_async_shared()
