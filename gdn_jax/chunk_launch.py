@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .autotune import autotune_enabled, timing_allowed
+from .chunk_fwd_gluon import storing_walk_enabled, storing_walk_gluon, storing_walk_missing
 from .chunk_indices import cdiv, padded_chunk_rows
 from .triton_launch import GRID_LIMITS, TIMING_ROWS, check_grid, dot_precision, head_fastest_grid, launch
 from .validate import check_kernel_dtypes
@@ -172,6 +173,10 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
         qk = dummy
     elif qk is None:
         qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices, sum_g=sum_g)
+    if beta is not None and write_o and store_h and store_v and sum_g and storing_walk_enabled() \
+            and storing_walk_missing(u.dtype, K, T, varlen) is None:  # the forward of jax.grad, in Gluon
+        return storing_walk_gluon(q, k, w, u, gc, beta, qk, initial_state, scale=scale, store_final=store_final,
+                                  state_v_first=state_v_first)
     operands = (q, k, w, u, gc, dummy if beta is None else beta, qk,
                 dummy if initial_state is None else initial_state,
                 dummy if cu_seqlens is None else cu_seqlens,

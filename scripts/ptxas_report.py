@@ -151,6 +151,20 @@ def gluon_walk_kernel(shape: Shape):
         dtype, shape.varlen, H=shape.H, Hg=shape.Hg))]
 
 
+def gluon_storing_walk_kernel(shape: Shape):
+    """The :data:`KERNELS` entry of the forward's storing walk in Gluon
+    (``kernels/gluon_fwd_walk.py``): its one launch config, compiled as
+    :func:`gdn_jax.chunk_fwd_gluon.compile_offline` does; ``K = 128``, fixed
+    length only."""
+    from gdn_jax import chunk_fwd_gluon
+
+    if shape.K != 128 or shape.dtype == F32 or shape.varlen:
+        return []
+    dtype = {BF: "bfloat16", "*fp16": "float16"}[shape.dtype]
+    return [(f"BV={chunk_fwd_gluon.BV}, warps=4", lambda: chunk_fwd_gluon.compile_offline(
+        dtype, H=shape.H, Hg=shape.Hg))]
+
+
 # The SUM_G of the A kernel, the walk and chunk_qk (g: the per-step gates, summed in the kernel): the
 # whole forward launches them with True (gdn_jax.chunk_bwd.core_forward), the split path and the
 # backward with False. The rows compile False; set True to see the forward's.
@@ -199,6 +213,7 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
                        dh0=F32),
         lambda s: dict(H=s.H, Hg=s.Hg, K=s.K, V=s.K, BT=64, BK=s.K, USE_DHT=True, IS_VARLEN=s.varlen,
                        DOT_PRECISION="tf32", QK_IN=True, FROM_A=True)),
+    "forward walk storing the states in Gluon (gluon_fwd_walk)": gluon_storing_walk_kernel,
     "backward reverse walk in Gluon (gluon_bwd_walk)": gluon_walk_kernel,
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
