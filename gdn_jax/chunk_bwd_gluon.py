@@ -32,6 +32,16 @@ def walk_missing(dtype, K: int, T: int = 2, packed: bool = False) -> str | None:
     return gluon_environment_missing("gluon_bwd_walk", False)
 
 
+def reverse_walk_types(k, do, N: int, chunks: int):
+    """The reverse walk's results' types, either kernel's: ``dv' [B, T, H,
+    V]`` and ``dh [chunks, H, K, V]`` in ``k``'s dtype, ``dh0 [N, H, K, V]``
+    float32."""
+    B, T, _, K = k.shape
+    H, V = do.shape[2], do.shape[3]
+    return (jax.ShapeDtypeStruct((B, T, H, V), k.dtype), jax.ShapeDtypeStruct((chunks, H, K, V), k.dtype),
+            jax.ShapeDtypeStruct((N, H, K, V), jnp.float32))
+
+
 def reverse_walk_gluon(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, scale, N: int, chunks: int):
     """``(dv', dh, dh0)`` of the reverse walk, as the Triton walk's launch in
     ``chunk_bwd_launch`` gives them: ``dv' [B, T, H, V]`` and ``dh [chunks, H,
@@ -47,8 +57,7 @@ def reverse_walk_gluon(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, s
     B, T, Hg, K = k.shape
     H, V = do.shape[2], do.shape[3]
     dummy = jnp.zeros((1,), jnp.int32)
-    out = (jax.ShapeDtypeStruct((B, T, H, V), k.dtype), jax.ShapeDtypeStruct((chunks, H, K, V), k.dtype),
-           jax.ShapeDtypeStruct((N, H, K, V), jnp.float32))
+    out = reverse_walk_types(k, do, N, chunks)
     return triton_call(
         q, k, A, beta, gc, do, qk, dummy if dht is None else dht.astype(jnp.float32),
         dummy if cu_seqlens is None else cu_seqlens, dummy if offsets is None else offsets, float(scale), T,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .chunk_bwd_gluon import reverse_walk_gluon, walk_missing
+from .chunk_bwd_gluon import reverse_walk_gluon, reverse_walk_types, walk_missing
 from .chunk_bwd_jnp import key_heads
 from .chunk_indices import cdiv, chunk_offsets
 from .chunk_launch import chunk_fwd_grid, chunk_qk_triton, chunk_walk_triton, programs_bucket
@@ -154,8 +154,7 @@ def reverse_walk_triton(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, 
         "chunk_bwd_walk", gdn_chunk_bwd_walk_kernel,
         (q, k, A, beta, gc, do, qk, dummy if dht is None else dht.astype(f32),
          dummy if cu_seqlens is None else cu_seqlens, dummy if offsets is None else offsets, float(scale), T),
-        out=(jax.ShapeDtypeStruct((B, T, H, V), k.dtype), jax.ShapeDtypeStruct((chunks, H, K, V), k.dtype),
-             jax.ShapeDtypeStruct((N, H, K, V), f32)),
+        out=reverse_walk_types(k, do, N, chunks),
         grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]), tune_key=("programs", programs_bucket(N, H)),
         H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_pow2(K), USE_DHT=dht is not None, IS_VARLEN=cu_seqlens is not None,
         DOT_PRECISION=dot_precision(), QK_IN=True, FROM_A=True)
