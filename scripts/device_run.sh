@@ -2,7 +2,7 @@
 # On a GPU machine without a package registry: installs the carried jax-triton
 # wheel and this package into /tmp, then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | save-autotune | test-fixed | test-tuned | test-gluon | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | ab | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
+#   phases: info | save-autotune | test-fixed | test-tuned | test-gluon | test-gluon-walks | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | ab | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels; fla/ with the fla-core wheel for the comparison columns),
 # and .triton_autotune.tgz where an earlier call saved it.
 # Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
@@ -47,6 +47,11 @@ for phase in "$@"; do
     test-fixed) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
     test-tuned) python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12;;
     # the whole forward, its gradients and decode against float64, fixed configs
+    # the Gluon walks against the Triton walks, then the gradient tests through
+    # them, the forward's storing walk switched on (GDN_JAX_GLUON_FWD_WALK=1), fixed configs
+    test-gluon-walks) GDN_JAX_GLUON_FWD_WALK=1 GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 \
+      -p no:cacheprovider tests/test_chunk_fwd_gluon.py tests/test_chunk_bwd_gluon.py tests/test_chunk_grad_gpu.py \
+      tests/test_intra_grad_gpu.py 2>&1 | tee "$OUT/test_gluon_walks_jt$JT.log" | tail -25;;
     test-chunk) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests/test_chunk_gpu.py tests/test_chunk_grad_gpu.py tests/test_fused_recurrent_gpu.py 2>&1 | tee "$OUT/test_chunk_jt$JT.log" | tail -25;;
     # the autotuner results in Triton's cache, to carry to a later machine (see above)
     save-autotune) (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar -czf "$OUT/triton_autotune.tgz" -T -) \
@@ -66,7 +71,8 @@ for phase in "$@"; do
     # side's step in one call), at the fixed configs: kernel code against
     # kernel code, and with the autotuned kernels the forward + backward
     # trace of 10 steps passed protobuf's 2 GB (2.44 GB on an H100) and came
-    # back empty
+    # back empty; a side's .ab_NAME/ENV (lines NAME=VALUE) sets its environment
+    # (a switch such as GDN_JAX_GLUON_FWD_WALK=1 against the same code)
     ab) sides=$(ls -d .ab_*/gdn_jax 2>/dev/null | cut -d/ -f1)
       [ -n "$sides" ] || { echo "ab: no .ab_* side (scripts/ab_base.sh, and carry it)"; continue; }
       for side in new $sides new_again; do
@@ -76,8 +82,9 @@ for phase in "$@"; do
             rm -rf "/tmp/pkg_$name" && mkdir -p "/tmp/pkg_$name" && cp -r "$side/gdn_jax" "/tmp/pkg_$name/"
             path=:$PYTHONPATH:; path=${path/:\/tmp\/pkg:/:\/tmp\/pkg_$name:}; path=${path#:}; path=${path%:};;
         esac
+        side_env=""; [ -f "$side/ENV" ] && side_env=$(tr '\n' ' ' < "$side/ENV") && what="$what, $side_env"
         echo "== $name: $what"
-        GDN_JAX_AUTOTUNE=0 PYTHONPATH=$path python3 -P benchmarks/kernel_breakdown.py --no-fla \
+        env $side_env GDN_JAX_AUTOTUNE=0 PYTHONPATH=$path python3 -P benchmarks/kernel_breakdown.py --no-fla \
           --shape "${AB_SHAPE:-headline}" --out "$OUT/$name" 2>&1 | tail -24
       done;;
     train) python3 -P examples/train_gdn.py --width 256 --heads 2 --v-heads 4 --head-dim 64 --batch 64 --copy-len 32 --dtype bfloat16 2>&1 | tee "$OUT/train.log" | tail -10;;
