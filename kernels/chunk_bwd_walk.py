@@ -139,7 +139,7 @@ def gdn_chunk_bwd_walk_kernel(
             b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H, False)
 
             b_dsx = b_ds.to(b_k.dtype)  # dS^T
-            tl.store(dh + h_offsets + i_c * (H * K * V), tl.trans(b_dsx), mask=s_mask)
+            tl.store(dh + h_offsets + tl.cast(i_c, tl.int64) * (H * K * V), tl.trans(b_dsx), mask=s_mask)
             if QK_IN:  # M [BT, BT], read as stored
                 b_a = tile(qk, r, o_t, H * BT, m_tt, False)
             else:
@@ -172,7 +172,7 @@ def gdn_chunk_bwd_walk_kernel(
             b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H, False)
 
             b_dsx = b_ds.to(b_k.dtype)
-            tl.store(dh + h_offsets + i_c * (H * K * V), b_dsx, mask=s_mask)
+            tl.store(dh + h_offsets + tl.cast(i_c, tl.int64) * (H * K * V), b_dsx, mask=s_mask)
             # (q k^T E)^T do: [j, i] = <k_j, q_i> exp(gc_i - gc_j) for i >= j
             if QK_IN:  # M^T: row c0 + i of qk holds M[i, 0:n], read transposed
                 b_a = tl.load(qk + r[None, :] * (H * BT) + o_t[:, None], mask=m_t[None, :], other=0)

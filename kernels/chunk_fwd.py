@@ -244,7 +244,7 @@ def gdn_chunk_fwd_kernel(
         b_g, g_last = chunk_gates(gc, r, m_t, i_c, seq_len, BT, H, SUM_G)
         b_sx = b_s.to(b_w.dtype)
         if STORE_H:
-            tl.store(h + h_offsets + i_c * (H * K * V), tl.trans(b_sx) if TRANSPOSED else b_sx,
+            tl.store(h + h_offsets + tl.cast(i_c, tl.int64) * (H * K * V), tl.trans(b_sx) if TRANSPOSED else b_sx,
                      mask=s_mask)
         if TRANSPOSED:  # b_q, b_w, b_u are q^T, w^T, u^T; b_s is S^T
             if FROM_A:  # b_u is v^T, b_w is A^T: v'^T = (beta (v^T - (S^T k^T) exp(gc))) A^T

@@ -119,7 +119,6 @@ def gdn_chunk_fwd_storing_gluon_kernel(q, k, w, u, gc, beta, qk, h0, scale, T, o
 
     # loop-invariant int32 offsets of a chunk's tiles from its first row
     off_q, r_q, off_a, r_a, off_v, r_v, m_cv, r_1, h_tile, h_mask = walk_offsets(H, Hg, K, V, i_h, i_hk, o_v)
-    h_base = (first_chunk * H + i_h) * (K * V)
     r_g = gl.arange(0, BT, layout=ROWS)
 
     copy_chunk(k, w, qk, u, beta + i_h, gc + i_h, k_s.index(0), a_s.index(0), m_s.index(0), v_s.index(0),
@@ -148,7 +147,7 @@ def gdn_chunk_fwd_storing_gluon_kernel(q, k, w, u, gc, beta, qk, h0, scale, T, o
         g_last = gl.sum(gl.where(r_g == BT - 1, b_g, 0.0), 0)
         b_beta = b_s.index(s).load(ROWS)
         # the state entering this chunk, from its copy for k S, as 16-byte stores
-        gl.store(h + h_base + i_c * (H * K * V) + h_tile, st_s.load(LV), mask=h_mask)
+        gl.store(h + ((first_chunk + i_c) * H + i_h) * (K * V) + h_tile, st_s.load(LV), mask=h_mask)
         b_v = v_s.index(s).load(MMA).to(gl.float32)
         b_ks, b_qs = warpgroup_mma_wait(0, deps=[t_ks, t_qs])
         partition_barrier()  # every warp is past q S: q's slot takes the next chunk's

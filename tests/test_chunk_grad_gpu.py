@@ -175,3 +175,35 @@ def test_vmap_of_grad_equals_each(cu):
         alone = jax.jit(jax.grad(loss, argnums=range(5)))(*(s[e] for s in stack))
         for b, a in zip(batched, alone):
             np.testing.assert_allclose(np.asarray(b[e], np.float32), np.asarray(a, np.float32), rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.slow
+def test_stored_states_past_2_31_elements():
+    """One sequence of T = 2^18 + 64 rows (H = 32, K = V = 128, bf16) at fixed
+    length, whose forward stores the chunk states for the backward ([4097, 32,
+    128, 128]: the last chunk's row starts at 2^31 elements), against the same
+    sequence as a packed batch, whose backward recomputes them: the gradients
+    of the last chunks agree (a state written or read at a wrapped 32-bit
+    offset would not)."""
+    T, Hg, H = 2 ** 18 + 64, 16, 32
+    key = jax.random.split(jax.random.key(3), 6)
+    unit = lambda x: x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True))  # noqa: E731
+    q = unit(jax.random.normal(key[0], (1, T, Hg, 128))).astype(jnp.bfloat16)
+    k = unit(jax.random.normal(key[1], (1, T, Hg, 128))).astype(jnp.bfloat16)
+    v = jax.random.normal(key[2], (1, T, H, 128), jnp.bfloat16)
+    g = jax.nn.log_sigmoid(jax.random.normal(key[3], (1, T, H)))
+    beta = jax.nn.sigmoid(jax.random.normal(key[4], (1, T, H)))
+    do = jax.random.normal(key[5], (1, T, H, 128), jnp.bfloat16)
+
+    def grads(cu):
+        def loss(q, k, v, g, beta):
+            o = gdn_jax.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)[0]
+            return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
+        return [np.asarray(x[:, -4096:].astype(jnp.float32), np.float64)
+                for x in jax.jit(jax.grad(loss, argnums=range(5)))(q, k, v, g, beta)]
+
+    stored = grads(None)
+    recomputed = grads(jnp.asarray([0, T], jnp.int32))
+    for name, a, b in zip(ARGS, stored, recomputed):
+        assert np.isfinite(a).all(), name
+        assert rel_err(a, b) <= 1e-2, f"d{name}: {rel_err(a, b):.3g}"
