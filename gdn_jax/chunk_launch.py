@@ -163,8 +163,12 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
     check_chunk_grid(N, H, V)
     kwargs = dict(scale=scale, write_o=write_o, store_final=store_final, store_h=store_h,
                   store_v=store_v, state_v_first=state_v_first, sum_g=sum_g)
-    _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, chunk_offsets, beta=beta,
-                        chunk_indices=chunk_indices, **kwargs)
+    # the forward of jax.grad, in Gluon where it is switched on and can run
+    gluon = beta is not None and write_o and store_h and store_v and sum_g and storing_walk_enabled() \
+        and storing_walk_missing(u.dtype, K, T, varlen) is None
+    if not gluon:
+        _time_on_fewer_rows(q, k, w, u, gc, initial_state, cu_seqlens, chunk_offsets, beta=beta,
+                            chunk_indices=chunk_indices, **kwargs)
     from .kernels.chunk_fwd import gdn_chunk_fwd_kernel
 
     # jax-triton 0.3 takes no None operand: 1-element dummies, flagged unused.
@@ -173,8 +177,7 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
         qk = dummy
     elif qk is None:
         qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices, sum_g=sum_g)
-    if beta is not None and write_o and store_h and store_v and sum_g and storing_walk_enabled() \
-            and storing_walk_missing(u.dtype, K, T, varlen) is None:  # the forward of jax.grad, in Gluon
+    if gluon:
         return storing_walk_gluon(q, k, w, u, gc, beta, qk, initial_state, scale=scale, store_final=store_final,
                                   state_v_first=state_v_first)
     operands = (q, k, w, u, gc, dummy if beta is None else beta, qk,
