@@ -5,11 +5,6 @@ the same inputs. The gradients through it against float64 are
 ``test_chunk_grad_gpu.py``'s under ``GDN_JAX_GLUON_FWD_WALK=1``."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,19 +12,8 @@ import pytest
 
 from gdn_jax import chunk_fwd_gluon, chunk_launch
 from gdn_jax.backend import cuda_available
+from gluon_offline import TWO_PER_SM, compiled_in_fresh_process
 from numpy_reference import rel_err
-
-# Shared memory of one program that lets two run on an sm_90 SM (233472 bytes,
-# 1 KB of them reserved per program).
-TWO_PER_SM = 233472 // 2 - 1024
-
-_COMPILE = """
-import json, sys
-from gdn_jax import chunk_fwd_gluon
-c = chunk_fwd_gluon.compile_offline(*json.loads(sys.argv[1]))
-print(json.dumps(dict(num_warps=c.metadata.num_warps, shared=c.metadata.shared,
-                      scratch=c.metadata.global_scratch_size)))
-"""
 
 
 def test_off_unless_asked_for(monkeypatch):
@@ -53,17 +37,10 @@ def test_storing_walk_missing_names_what_it_takes():
                                                   ("bfloat16", True, True)])
 def test_kernel_compiles_for_sm90_two_programs_an_sm(dtype, use_h0, v_first):
     """The Gluon source through the installed triton's compiler and ptxas
-    (sm_90a, no GPU; a fresh process without ``TRITON_INTERPRET``, as
-    ``test_gluon_launch`` says why): 4 warps, no global scratch, and the
-    shared memory of two programs an SM."""
+    (sm_90a, no GPU; ``gluon_offline.compiled_in_fresh_process``): 4 warps,
+    no global scratch, and the shared memory of two programs an SM."""
     pytest.importorskip("triton.experimental.gluon")
-    env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}
-    # -P: the installed package (kernels/ mapped into it), not the checkout's gdn_jax in the working directory
-    args = json.dumps([dtype, 32, 16, 128, use_h0, v_first])
-    out = subprocess.run([sys.executable, "-P", "-c", _COMPILE, args], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-4000:]
-    c = json.loads(out.stdout.splitlines()[-1])
+    c = compiled_in_fresh_process("chunk_fwd_gluon", [dtype, 32, 16, 128, use_h0, v_first])
     assert c["num_warps"] == 4 and not c["scratch"]
     assert c["shared"] <= TWO_PER_SM, f"{c['shared']} bytes of shared memory: one program an SM"
 
