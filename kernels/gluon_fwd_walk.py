@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_intra import cp_async_load, partition_barrier
-from .gluon_walk import BT, COLS, L1, LV, MMA, ROWS, S1, S64, S128, walk_offsets, walk_program
+from .gluon_walk import BT, L1, LV, MMA, ROWS, S1, S64, S128, state_tile, walk_offsets, walk_program
 
 
 @gluon.jit
@@ -92,15 +92,7 @@ def gdn_chunk_fwd_storing_gluon_kernel(q, k, w, u, gc, beta, qk, h0, scale, T, o
     scale = scale.to(gl.float32)
     o_v = i_v * BV
 
-    # state tiles [K, BV] in the accumulator's layout (64-bit offsets)
-    o_k = gl.arange(0, K, layout=ROWS)
-    o_c = o_v + gl.arange(0, BV, layout=COLS)
-    s_mask = (o_k < K)[:, None] & (o_c < V)[None, :]
-    if STATE_V_FIRST:
-        s_tile = o_c.to(gl.int64)[None, :] * K + o_k[:, None]
-    else:
-        s_tile = o_k.to(gl.int64)[:, None] * V + o_c[None, :]
-    s_base = (i_n.to(gl.int64) * H + i_h) * (K * V)
+    s_base, s_tile, s_mask = state_tile(i_n, i_h, o_v, H, K, V, STATE_V_FIRST)  # h0, ht
     S = gl.zeros([K, BV], gl.float32, MMA)
     if USE_H0:
         S = gl.load(h0 + s_base + s_tile, mask=s_mask, other=0.0)

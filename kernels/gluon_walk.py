@@ -43,6 +43,22 @@ def tile_offsets(cols: gl.constexpr, stride, col0, layout: gl.constexpr):
 
 
 @gluon.jit
+def state_tile(i_n, i_h, o_v, H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, V_FIRST: gl.constexpr):
+    """``(base, offsets, mask)`` of state ``(i_n, i_h)``'s ``[K, BV]`` columns
+    from ``o_v`` in an ``[N, H, K, V]`` tensor (``[N, H, V, K]`` with
+    ``V_FIRST``): the state's first element, the tile's offsets from it in
+    the accumulator's layout :data:`MMA` (int64), their mask; an initial or
+    final state, or its cotangent."""
+    o_k = gl.arange(0, K, layout=ROWS)
+    o_c = o_v + gl.arange(0, BV, layout=COLS)
+    if V_FIRST:
+        offsets = o_c.to(gl.int64)[None, :] * K + o_k[:, None]
+    else:
+        offsets = o_k.to(gl.int64)[:, None] * V + o_c[None, :]
+    return (i_n.to(gl.int64) * H + i_h) * (K * V), offsets, (o_k < K)[:, None] & (o_c < V)[None, :]
+
+
+@gluon.jit
 def state_rows_tile(o_v, K: gl.constexpr, V: gl.constexpr):
     """``(offsets, mask)`` of a state's ``[K, BV]`` columns from ``o_v`` in a
     ``[K, V]`` row of the per-chunk states (int64, in :data:`LV`: 16-byte
