@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 
-import jax
 import jax.numpy as jnp
 
 from .chunk_indices import cdiv
@@ -47,30 +46,25 @@ def storing_walk_missing(dtype, K: int, T: int, varlen: bool) -> str | None:
     return gluon_environment_missing("gluon_fwd_walk", False)
 
 
-def storing_walk_gluon(q, k, A, v, a, beta, qk, initial_state, *, scale, store_final: bool, state_v_first: bool):
-    """``(o, final_state, h, v_new)`` of the walk, as ``chunk_walk_triton``
-    gives them with ``beta``, ``write_o``, ``store_h``, ``store_v`` and
-    ``sum_g`` (``final_state`` None without ``store_final``). ``q``, ``k [B,
-    T, Hg, K]``; ``A``, ``qk [B, T, H, 64]``; ``v [B, T, H, V]``; ``a``,
-    ``beta [B, T, H]`` float32 (``a`` the per-step log gates);
-    ``initial_state [B, H, K, V]`` (``[B, H, V, K]`` with ``state_v_first``)
-    float32 or None."""
+def storing_walk_gluon(q, k, A, v, a, beta, qk, initial_state, *, scale, out, store_final: bool,
+                       state_v_first: bool):
+    """``(o, final_state, h, v_new)`` of the walk, of the types ``out``
+    (``chunk_walk_triton``'s with ``beta``, ``write_o``, ``store_h``,
+    ``store_v`` and ``sum_g``: the final state a 1-element placeholder
+    without ``store_final``). ``q``, ``k [B, T, Hg, K]``; ``A``, ``qk [B, T,
+    H, 64]``; ``v [B, T, H, V]``; ``a``, ``beta [B, T, H]`` float32 (``a``
+    the per-step log gates); ``initial_state [B, H, K, V]`` (``[B, H, V,
+    K]`` with ``state_v_first``) float32 or None."""
     from .kernels.gluon_fwd_walk import gdn_chunk_fwd_storing_gluon_kernel
 
     compile_gluon_as_triton_does()
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
-    state = (B, H, V, K) if state_v_first else (B, H, K, V)
-    out = (jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
-           jax.ShapeDtypeStruct(state if store_final else (1,), jnp.float32),
-           jax.ShapeDtypeStruct((B * cdiv(T, 64), H, K, V), v.dtype),
-           jax.ShapeDtypeStruct((B, T, H, V), v.dtype))
-    o, final, h, v_new = triton_call(
+    return triton_call(
         q, k, A, v, a, beta, qk, jnp.zeros((1,), jnp.float32) if initial_state is None else initial_state,
         float(scale), T, kernel=gdn_chunk_fwd_storing_gluon_kernel, out=out, grid=(cdiv(V, BV) * H * B,),
         num_warps=4, H=H, Hg=Hg, K=K, V=V, BV=BV, USE_H0=initial_state is not None, STORE_FINAL=store_final,
         STATE_V_FIRST=state_v_first)
-    return o, final if store_final else None, h, v_new
 
 
 def compile_offline(dtype: str = "bfloat16", H: int = 32, Hg: int = 16, V: int = 128, use_h0: bool = True,

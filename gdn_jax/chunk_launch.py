@@ -178,19 +178,20 @@ def chunk_walk_triton(q, k, w, u, gc, initial_state=None, cu_seqlens=None, chunk
     elif qk is None:
         qk = chunk_qk_triton(q, k, gc, cu_seqlens, chunk_indices, sum_g=sum_g)
     if gluon:
-        return storing_walk_gluon(q, k, w, u, gc, beta, qk, initial_state, scale=scale, store_final=store_final,
-                                  state_v_first=state_v_first)
-    operands = (q, k, w, u, gc, dummy if beta is None else beta, qk,
-                dummy if initial_state is None else initial_state,
-                dummy if cu_seqlens is None else cu_seqlens,
-                dummy if chunk_offsets is None else chunk_offsets, float(scale), T)
-    outs = launch("chunk_fwd", gdn_chunk_fwd_kernel, operands, out=types,
-                  grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]),
-                  tune_key=("programs", programs_bucket(N, H)),
-                  **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, store_final,
-                                         varlen, state_v_first, dot_precision()),
-                  WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, FROM_A=beta is not None,
-                  SUM_G=bool(sum_g))
+        outs = storing_walk_gluon(q, k, w, u, gc, beta, qk, initial_state, scale=scale, out=types,
+                                  store_final=store_final, state_v_first=state_v_first)
+    else:
+        operands = (q, k, w, u, gc, dummy if beta is None else beta, qk,
+                    dummy if initial_state is None else initial_state,
+                    dummy if cu_seqlens is None else cu_seqlens,
+                    dummy if chunk_offsets is None else chunk_offsets, float(scale), T)
+        outs = launch("chunk_fwd", gdn_chunk_fwd_kernel, operands, out=types,
+                      grid=lambda meta: chunk_fwd_grid(N, H, V, meta["BV"]),
+                      tune_key=("programs", programs_bucket(N, H)),
+                      **chunk_fwd_constexprs(Hg, H, K, V, initial_state is not None, store_final,
+                                             varlen, state_v_first, dot_precision()),
+                      WRITE_O=write_o, STORE_H=store_h, STORE_V=store_v, FROM_A=beta is not None,
+                      SUM_G=bool(sum_g))
     return tuple(x if want else None for x, want in zip(outs, wanted))
 
 

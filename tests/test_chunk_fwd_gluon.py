@@ -33,6 +33,31 @@ def test_storing_walk_missing_names_what_it_takes():
         assert missing(jnp.bfloat16, 128, 1000, False).startswith("it needs an NVIDIA GPU")
 
 
+@pytest.mark.parametrize("final", [True, False])
+def test_chunk_walk_takes_it_where_switched_on(monkeypatch, final):
+    """``chunk_walk_triton``'s route to the Gluon walk, on any machine (the
+    launch a stand-in): it passes its inputs and its own result types, and
+    returns the final state only where asked for."""
+    B, T, Hg, H = 2, 130, 2, 4
+    x = walk_inputs(1, B, T, Hg, H, jnp.bfloat16)
+    seen = {}
+
+    def stand_in(q, k, A, v, a, beta, qk, h0, *, scale, out, store_final, state_v_first):
+        seen.update(qk=qk, h0=h0, out=out, store_final=store_final)
+        return tuple(jnp.zeros(t.shape, t.dtype) for t in out)
+
+    monkeypatch.setattr(chunk_launch, "storing_walk_missing", lambda *a: None)
+    monkeypatch.setattr(chunk_launch, "storing_walk_enabled", lambda: True)
+    monkeypatch.setattr(chunk_launch, "storing_walk_gluon", stand_in)
+    o, ht, h, v_new = chunk_launch.chunk_walk_triton(
+        x["q"], x["k"], x["A"], x["v"], x["a"], x["h0"], scale=128 ** -0.5, store_final=final, store_h=True,
+        store_v=True, beta=x["beta"], qk=x["qk"], sum_g=True)
+    assert seen["qk"] is x["qk"] and seen["h0"] is x["h0"] and seen["store_final"] == final
+    assert o.shape == v_new.shape == (B, T, H, 128)
+    assert h.shape == (B * 3, H, 128, 128)
+    assert (ht is not None) == final and (not final or ht.shape == (B, H, 128, 128))
+
+
 @pytest.mark.parametrize("dtype,use_h0,v_first", [("bfloat16", True, False), ("float16", False, False),
                                                   ("bfloat16", True, True)])
 def test_kernel_compiles_for_sm90_two_programs_an_sm(dtype, use_h0, v_first):
@@ -80,19 +105,24 @@ def test_gluon_walk_equals_the_triton_walk(monkeypatch, dtype, B, T, use_h0, fin
     x = walk_inputs(T + B, B, T, 2, 4, dtype)
     h0 = x.pop("h0")
     h0 = (jnp.swapaxes(h0, -1, -2) if v_first else h0) if use_h0 else None
-    scale = 128 ** -0.5
+    launched = []
 
-    def gluon(q, k, A, v, a, beta, qk, h0):
-        return chunk_fwd_gluon.storing_walk_gluon(q, k, A, v, a, beta, qk, h0, scale=scale, store_final=final,
-                                                  state_v_first=v_first)
+    def gluon(*args, **kwargs):  # chunk_walk_triton's launch of the Gluon walk, seen
+        launched.append(True)
+        return chunk_fwd_gluon.storing_walk_gluon(*args, **kwargs)
 
-    def triton(q, k, A, v, a, beta, qk, h0):
-        return chunk_launch.chunk_walk_triton(q, k, A, v, a, h0, scale=scale, store_final=final, store_h=True,
-                                              store_v=True, state_v_first=v_first, beta=beta, qk=qk, sum_g=True)
+    def walk(q, k, A, v, a, beta, qk, h0):
+        return chunk_launch.chunk_walk_triton(q, k, A, v, a, h0, scale=128 ** -0.5, store_final=final,
+                                              store_h=True, store_v=True, state_v_first=v_first, beta=beta,
+                                              qk=qk, sum_g=True)
 
-    got = jax.jit(gluon)(*x.values(), h0)
+    monkeypatch.setattr(chunk_launch, "storing_walk_gluon", gluon)
+    monkeypatch.setattr(chunk_launch, "storing_walk_enabled", lambda: True)
+    got = jax.jit(walk)(*x.values(), h0)
+    assert launched, "the Gluon walk did not run"
     monkeypatch.setattr(chunk_launch, "storing_walk_enabled", lambda: False)  # the Triton kernel
-    want = jax.jit(triton)(*x.values(), h0)
+    want = jax.jit(walk)(*x.values(), h0)
+    assert len(launched) == 1
     tol = 1e-2 if dtype == jnp.bfloat16 else 2e-3  # the state rounded to dtype for its products, in either
     for name, g, w in zip(("o", "final state", "h", "v'"), got, want):
         if w is None:
