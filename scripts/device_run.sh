@@ -46,12 +46,12 @@ for phase in "$@"; do
     # alone. Each phase takes minutes: run each in its own device call.
     test-fixed) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests 2>&1 | tee "$OUT/test_jt$JT.log" | tail -25;;
     test-tuned) python3 -P -m pytest -q -rfs -m gpu -k "(test_fixed_length and 4096) or varlen" -n 8 -p no:cacheprovider tests/test_gpu.py tests/test_chunk.py 2>&1 | tee "$OUT/test_tuned_jt$JT.log" | tail -12;;
-    # the whole forward, its gradients and decode against float64, fixed configs
     # the Gluon walks against the Triton walks, then the gradient tests through
     # them, the forward's storing walk switched on (GDN_JAX_GLUON_FWD_WALK=1), fixed configs
     test-gluon-walks) GDN_JAX_GLUON_FWD_WALK=1 GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 \
       -p no:cacheprovider tests/test_chunk_fwd_gluon.py tests/test_chunk_bwd_gluon.py tests/test_chunk_grad_gpu.py \
       tests/test_intra_grad_gpu.py 2>&1 | tee "$OUT/test_gluon_walks_jt$JT.log" | tail -25;;
+    # the whole forward, its gradients and decode against float64, fixed configs
     test-chunk) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests/test_chunk_gpu.py tests/test_chunk_grad_gpu.py tests/test_fused_recurrent_gpu.py 2>&1 | tee "$OUT/test_chunk_jt$JT.log" | tail -25;;
     # the autotuner results in Triton's cache, to carry to a later machine (see above)
     save-autotune) (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar -czf "$OUT/triton_autotune.tgz" -T -) \
