@@ -8,9 +8,9 @@ jax-triton >= 0.4, ``K = 128``, bfloat16 or float16. The two compute the same
 thing (docs/design.md); the Gluon one issues each chunk's copies a whole step
 ahead (docs/performance.md, "The walks' copies").
 
-Off unless ``GDN_JAX_GLUON_FWD_WALK=1`` (:func:`storing_walk_enabled`): the
-kernel compiles for sm_90a (CI) but has not yet run on a GPU, so neither its
-equality with the Triton walk nor the gradients through it are checked there.
+Off unless ``GDN_JAX_GLUON_FWD_WALK=1`` (:func:`storing_walk_enabled`): on an
+H100 it equals the Triton walk and the gradient tests pass through it, but it
+took 0.903 ms against the Triton walk's 0.806 at B=8 T=4096 (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ BV = 32  # the value columns of one program (the Triton walk's fixed config at K
 
 def storing_walk_enabled() -> bool:
     """Whether ``GDN_JAX_GLUON_FWD_WALK=1`` asks ``chunk_walk_triton`` for the
-    Gluon storing walk where it can run (off by default: not yet run on a GPU)."""
+    Gluon storing walk where it can run (off by default: slower than the Triton walk on an H100)."""
     return os.environ.get("GDN_JAX_GLUON_FWD_WALK", "0") == "1"
 
 
