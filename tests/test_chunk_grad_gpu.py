@@ -196,11 +196,12 @@ def test_stored_states_past_2_31_elements():
     do = jax.random.normal(key[5], (1, T, H, 128), jnp.bfloat16)
 
     def grads(cu):
-        def loss(q, k, v, g, beta):
+        # do (2 GB) an argument, not a constant captured into the executable
+        def loss(q, k, v, g, beta, do):
             o = gdn_jax.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)[0]
             return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
         return [np.asarray(x[:, -4096:].astype(jnp.float32), np.float64)
-                for x in jax.jit(jax.grad(loss, argnums=range(5)))(q, k, v, g, beta)]
+                for x in jax.jit(jax.grad(loss, argnums=range(5)))(q, k, v, g, beta, do)]
 
     stored = grads(None)
     recomputed = grads(jnp.asarray([0, T], jnp.int32))
