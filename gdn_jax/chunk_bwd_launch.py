@@ -95,9 +95,7 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     NT = chunk_indices.shape[0] if varlen else cdiv(T, BT)
     grid = head_fastest_grid(NT, H, B)
     BK = _pow2(K)
-    import os
-    BKl = min(int(os.environ.get('GDN_JAX_EXP_BK', 64)), BK)  # EXPERIMENT
-    dw_in_wy = os.environ.get('GDN_JAX_EXP_DW') == '1'  # EXPERIMENT
+    BKl = min(64, BK)  # the per-chunk kernel's K blocks, on axis 0 with the chunks and heads
     NK = cdiv(K, BKl)
     BVl, _, v_stages = value_blocks(K, V, k.dtype.itemsize)  # the per-chunk kernel's V blocks
     check_grid("backward", (grid[0] * NK, grid[1]),
@@ -131,12 +129,12 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     dq, dk, dw, dg = launch(
         "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
         (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
-        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((1,) if dw_in_wy else (B, T, H, K), k.dtype),
+        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
              jax.ShapeDtypeStruct((NK, B, T, H), f32)),
         grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
-        DOT_PRECISION=prec, V_STAGES=v_stages, DW=not dw_in_wy)
-    dk_wy, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, None if dw_in_wy else dw, dv_new, None, cu_seqlens,
-                                         chunk_indices, dgc_shares=dg, h=h if dw_in_wy else None)
+        DOT_PRECISION=prec, V_STAGES=v_stages)
+    dk_wy, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
+                                         dgc_shares=dg)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
             da, dbeta, dh0)
@@ -162,8 +160,7 @@ def reverse_walk_triton(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, 
         DOT_PRECISION=dot_precision(), QK_IN=True, FROM_A=True)
 
 
-def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None,
-                  h=None):
+def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` through ``fwd_intra``'s ``w``, ``u`` (and ``A``
     where ``dA`` is given) from the WY kernel (``kernels/wy_bwd.py``): ``dk``
     per value head ``[B, T, H, K]`` (bfloat16 for bfloat16 inputs, else
@@ -187,12 +184,11 @@ def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_ind
     _, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)
     return launch(
         "wy_bwd", gdn_wy_bwd_kernel,
-        (k, v, beta, gc, A, dummy if dw is None else dw, du, dummy if h is None else h, dummy if dA is None else dA,
+        (k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
          jnp.zeros((1,), f32) if dgc_shares is None else dgc_shares, cu_seqlens if varlen else dummy,
          chunk_indices if varlen else dummy, T),
         out=(jax.ShapeDtypeStruct((B, T, H, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
              jax.ShapeDtypeStruct(beta.shape, f32), jax.ShapeDtypeStruct(gc.shape, f32)),
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_pow2(K), BV=BVw, IS_VARLEN=varlen,
         DOT_PRECISION=dot_precision(), V_STAGES=v_stages, DA_IN=dA is not None,
-        NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None,
-        DW_FROM_H=h is not None)
+        NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None)

@@ -319,23 +319,20 @@ def chunk_bwd_torch(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=Non
     part = k.dtype if partials_in_input_dtype(str(k.dtype).removeprefix("torch.")) else torch.float32
     dq = torch.empty(B, T, H, K, device=dev, dtype=part)
     dk = torch.empty_like(dq)
-    import os
-    dw_in_wy = os.environ.get('GDN_JAX_EXP_DW') == '1'  # EXPERIMENT
-    dw = torch.empty(1 if dw_in_wy else (B, T, H, K), device=dev, dtype=k.dtype)
+    dw = torch.empty(B, T, H, K, device=dev, dtype=k.dtype)
     dg = torch.zeros(NK, B, T, H, device=dev, dtype=torch.float32)
     local[(NT * H * NK, B)](
         q, k, vn, gc, do, dv_new, h, dh, cu, ci, float(scale), T, dq, dk, dw, dg, H=H, Hg=Hg, K=K,
-        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision, DW=not dw_in_wy,
+        V=V, BT=64, BK=BKl, IS_VARLEN=varlen, DOT_PRECISION=dot_precision,
         **{"BV": BVl, "V_STAGES": v_stages, **local_config})
-    dk_wy, dv, dbeta, da = wy_bwd_torch(k, v, beta, gc, A, None if dw_in_wy else dw, dv_new, None, cu_seqlens,
-                                        dot_precision=dot_precision, configs=configs, dgc_shares=dg,
-                                        h=h if dw_in_wy else None)
+    dk_wy, dv, dbeta, da = wy_bwd_torch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens,
+                                        dot_precision=dot_precision, configs=configs, dgc_shares=dg)
     heads = lambda x: x.float().view(B, T, Hg, H // Hg, K).sum(3)  # noqa: E731  GQA, in float32
     return heads(dq), heads(dk.float() + dk_wy), dv, da, dbeta, dh0
 
 
 def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_precision="tf32",
-                 configs=None, dgc_shares=None, h=None):
+                 configs=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` of the WY kernel on torch tensors, as
     :func:`gdn_jax.chunk_bwd_launch.wy_bwd_launch` (``dk`` per value head;
     ``dgc_shares`` given: ``da`` last; ``configs`` as :func:`chunk_bwd_torch`'s)."""
@@ -359,12 +356,12 @@ def wy_bwd_torch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, *, dot_pre
     dg = torch.zeros(B, T, H, device=dev, dtype=torch.float32)
     wy, wy_config = tuned_or_fixed(gdn_wy_bwd_kernel, "wy_bwd", False, configs, key_dim=K)
     wy[head_fastest_grid(NT, H, B)](
-        k, v, beta, gc, A, dummy if dw is None else dw, du, dummy if h is None else h, dummy if dA is None else dA,
+        k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
         torch.zeros(1, device=dev) if dgc_shares is None else dgc_shares,
         dummy if not varlen else cu_seqlens.to(torch.int32), ci, T, dk, dv, dbeta, dg, H=H, Hg=Hg, K=K,
         V=V, BT=64, BK=_pow2(K), IS_VARLEN=varlen, DOT_PRECISION=dot_precision, DA_IN=dA is not None,
         NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None,
-        DW_FROM_H=h is not None, **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
+        **{"BV": BVw, "V_STAGES": v_stages, **wy_config})
     return dk, dv, dbeta, dg
 
 

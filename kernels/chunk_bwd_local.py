@@ -32,7 +32,7 @@ from .tiles import program_chunk
 @triton.jit
 def value_block_sums(b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, bos, r, m_t, o_k, h_row,
                      i_h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, DW: tl.constexpr):
+                     DOT_PRECISION: tl.constexpr):
     """The sums over V of one block of ``BV`` value columns added: ``do
     v'^T``, ``do S^T``, ``v' dS'^T``, ``-dv' S^T`` and the rows of ``<dS',
     S>`` (``S``, ``dS'`` the chunk's rows ``h_row`` of ``h``, ``dh``)."""
@@ -43,15 +43,13 @@ def value_block_sums(b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, 
     s_offsets = (h_row * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
     b_vn = tl.load(v_new + rows_v, mask=m_tv, other=0)
     b_do = tl.load(do + rows_v, mask=m_tv, other=0)
-    if DW:
-        b_dv = tl.load(dv + rows_v, mask=m_tv, other=0).to(k.dtype.element_ty)
+    b_dv = tl.load(dv + rows_v, mask=m_tv, other=0).to(k.dtype.element_ty)
     b_s = tl.load(h + s_offsets, mask=m_s, other=0)  # S [BK, BV], k.dtype
     b_ds = tl.load(dh + s_offsets, mask=m_s, other=0)  # dS'
     b_dov += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PRECISION)
     b_dos += tl.dot(b_do, tl.trans(b_s), input_precision=DOT_PRECISION)
     b_vds += tl.dot(b_vn, tl.trans(b_ds), input_precision=DOT_PRECISION)
-    if DW:
-        b_dw -= tl.dot(b_dv, tl.trans(b_s), input_precision=DOT_PRECISION)
+    b_dw -= tl.dot(b_dv, tl.trans(b_s), input_precision=DOT_PRECISION)
     b_sds += tl.sum(b_ds.to(tl.float32) * b_s.to(tl.float32), axis=1)
     return b_dov, b_dos, b_vds, b_dw, b_sds
 
@@ -88,7 +86,6 @@ def gdn_chunk_bwd_local_kernel(
     IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     V_STAGES: tl.constexpr,
-    DW: tl.constexpr = True,
 ):
     NK: tl.constexpr = (K + BK - 1) // BK
     i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN, NK)
@@ -126,12 +123,12 @@ def gdn_chunk_bwd_local_kernel(
         for i_v in tl.range(0, NV, num_stages=V_STAGES):
             b_dov, b_dos, b_vds, b_dw, b_sds = value_block_sums(
                 b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, bos, r, m_t, o_k, h_row, i_h,
-                i_v, H, K, V, BV, DOT_PRECISION, DW)
+                i_v, H, K, V, BV, DOT_PRECISION)
     else:
         for i_v in tl.static_range(NV):
             b_dov, b_dos, b_vds, b_dw, b_sds = value_block_sums(
                 b_dov, b_dos, b_vds, b_dw, b_sds, k, v_new, do, dv, h, dh, bos, r, m_t, o_k, h_row, i_h,
-                i_v, H, K, V, BV, DOT_PRECISION, DW)
+                i_v, H, K, V, BV, DOT_PRECISION)
     b_g = tl.load(gc + (bos + r) * H + i_h, mask=m_t, other=0).to(tl.float32)
     last = (tl.minimum(i_t * BT + BT, seq_len) - 1).to(tl.int64)
     g_last = tl.load(gc + (bos + last) * H + i_h).to(tl.float32)
@@ -145,8 +142,7 @@ def gdn_chunk_bwd_local_kernel(
     b_dk = tl.dot(tl.trans(b_Dx), b_q, input_precision=DOT_PRECISION) + b_decay[:, None] * b_vds
     tl.store(dq + rows_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + rows_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-    if DW:
-        tl.store(dw + rows_hk, b_dw.to(dw.dtype.element_ty), mask=m_tk)
+    tl.store(dw + rows_hk, b_dw.to(dw.dtype.element_ty), mask=m_tk)
 
     b_P = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
     b_c = b_decay * tl.sum(b_k.to(tl.float32) * b_vds, axis=1)

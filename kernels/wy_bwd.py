@@ -34,12 +34,10 @@ from .tiles import program_chunk
 
 
 @triton.jit
-def value_block(b_db, b_duv, b_dw, b_A, b_beta, v, du, dv, h, rows, m_t, s_row, o_k, i_v, K: tl.constexpr,
-                V: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr, DW_FROM_H: tl.constexpr):
+def value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V: tl.constexpr, BV: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
     """One block of ``BV`` value columns: ``dv = beta (A^T du)`` stored, and
-    ``rowsum((A^T du) v)``, ``du v^T`` added to ``b_db``, ``b_duv``;
-    ``DW_FROM_H``: ``-du S^T`` added to ``b_dw`` (``S`` the chunk's
-    entering state, row ``s_row`` of ``h``)."""
+    ``rowsum((A^T du) v)``, ``du v^T`` added to ``b_db``, ``b_duv``."""
     o_v = i_v * BV + tl.arange(0, BV)
     m_tv = m_t[:, None] & (o_v < V)[None, :]
     rows_hv = rows[:, None] * V + o_v[None, :]
@@ -49,11 +47,7 @@ def value_block(b_db, b_duv, b_dw, b_A, b_beta, v, du, dv, h, rows, m_t, s_row, 
     tl.store(dv + rows_hv, (b_beta[:, None] * b_Atdu).to(dv.dtype.element_ty), mask=m_tv)
     b_db += tl.sum(b_Atdu * b_v.to(tl.float32), axis=1)
     b_duv += tl.dot(b_du, tl.trans(b_v), input_precision=DOT_PRECISION)
-    if DW_FROM_H:
-        m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
-        b_s = tl.load(h + s_row + o_k[:, None] * V + o_v[None, :], mask=m_s, other=0).to(b_A.dtype)  # S [BK, BV]
-        b_dw -= tl.dot(b_du, tl.trans(b_s), input_precision=DOT_PRECISION)
-    return b_db, b_duv, b_dw
+    return b_db, b_duv
 
 
 @triton.autotune(
@@ -69,7 +63,6 @@ def gdn_wy_bwd_kernel(
     A,
     dw,
     du,
-    h,
     dA,
     dg_in,
     cu_seqlens,
@@ -92,7 +85,6 @@ def gdn_wy_bwd_kernel(
     DA_IN: tl.constexpr = False,
     NK_IN: tl.constexpr = 0,
     REV_CUMSUM: tl.constexpr = False,
-    DW_FROM_H: tl.constexpr = False,
 ):
     i_t, i_h, bos, seq_len = program_chunk(cu_seqlens, chunk_indices, T, H, IS_VARLEN)
     if i_t * BT >= seq_len:
@@ -119,29 +111,17 @@ def gdn_wy_bwd_kernel(
     # (V_STAGES > 1: a loop Triton software-pipelines, else unrolled.)
     b_db = tl.zeros([BT], dtype=tl.float32)
     b_duv = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
-    if DW_FROM_H:  # the chunk's row in h: its place in the chunk list
-        if IS_VARLEN:
-            s_row = (tl.program_id(0) // H).to(tl.int64)
-        else:
-            s_row = tl.program_id(1).to(tl.int64) * ((T + BT - 1) // BT) + i_t
-        s_row = (s_row * H + i_h) * (K * V)
-    else:
-        s_row = 0
     NV: tl.constexpr = (V + BV - 1) // BV
     if V_STAGES > 1:
         for i_v in tl.range(0, NV, num_stages=V_STAGES):
-            b_db, b_duv, b_dw = value_block(b_db, b_duv, b_dw, b_A, b_beta, v, du, dv, h, rows, m_t, s_row, o_k,
-                                            i_v, K, V, BV, DOT_PRECISION, DW_FROM_H)
+            b_db, b_duv = value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V, BV,
+                                      DOT_PRECISION)
     else:
         for i_v in tl.static_range(NV):
-            b_db, b_duv, b_dw = value_block(b_db, b_duv, b_dw, b_A, b_beta, v, du, dv, h, rows, m_t, s_row, o_k,
-                                            i_v, K, V, BV, DOT_PRECISION, DW_FROM_H)
+            b_db, b_duv = value_block(b_db, b_duv, b_A, b_beta, v, du, dv, rows, m_t, i_v, V, BV,
+                                      DOT_PRECISION)
     b_k = tl.load(k + (bos + r)[:, None] * (Hg * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0)
-    if DW_FROM_H:
-        b_dw = b_dw.to(b_A.dtype)
-    else:
-        b_dw = tl.load(dw + rows_hk, mask=m_tk, other=0).to(b_A.dtype)
+    b_dw = tl.load(dw + rows_hk, mask=m_tk, other=0).to(b_A.dtype)
     b_dA = b_duv * b_beta[None, :] + tl.dot(b_dw, tl.trans(b_k.to(b_A.dtype)),
                                             input_precision=DOT_PRECISION) * (b_beta * b_e)[None, :]
     if DA_IN:  # fwd_intra's own backward: the cotangent of its output A adds to the one through w, u

@@ -84,7 +84,7 @@ def test_chunk_backward_launches(launches_checked, cu, dtype):
 
 def test_the_check_catches_an_operand_too_many(launches_checked):
     x = inputs(1, 64, 1, 1, 32, 32)
-    operands = [x[a] for a in ("k", "v", "beta", "g", "A", "dw", "du", "A", "dA", "g")] + [x["A"], x["A"]]  # dg_in, cu, ci
+    operands = [x[a] for a in ("k", "v", "beta", "g", "A", "dw", "du", "dA", "g")] + [x["A"], x["A"]]  # dg_in, cu, ci
     out = [jax.ShapeDtypeStruct((1,), jnp.float32)] * 4
     constexprs = dict(H=1, Hg=1, K=32, V=32, BT=64, BK=32, BV=32, IS_VARLEN=False, DOT_PRECISION="tf32",
                       V_STAGES=1)
