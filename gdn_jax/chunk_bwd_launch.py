@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from .chunk_bwd_gluon import reverse_walk_gluon, reverse_walk_types, walk_missing
 from .chunk_bwd_jnp import key_heads
+from .chunk_bwd_local_gluon import local_enabled, local_missing, per_chunk_gluon
 from .chunk_indices import cdiv, chunk_offsets
 from .chunk_launch import chunk_fwd_grid, chunk_qk_triton, chunk_walk_triton, programs_bucket
 from .triton_launch import check_grid, dot_precision, head_fastest_grid, launch
@@ -126,13 +127,17 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
                            chunks=h.shape[0])
     part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
     per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
-    dq, dk, dw, dg = launch(
-        "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
-        (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T),
-        out=(per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
-             jax.ShapeDtypeStruct((NK, B, T, H), f32)),
-        grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
-        DOT_PRECISION=prec, V_STAGES=v_stages)
+    local_types = (per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
+                   jax.ShapeDtypeStruct((NK, B, T, H), f32))
+    if local_enabled() and local_missing(k.dtype, K, V, T, varlen) is None:
+        dq, dk, dw, dg = per_chunk_gluon(q, k, v_new, gc, do, dv_new, h, dh, cu_seqlens, chunk_indices,
+                                         scale=scale, out=local_types)
+    else:
+        dq, dk, dw, dg = launch(
+            "chunk_bwd_local", gdn_chunk_bwd_local_kernel,
+            (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T), out=local_types,
+            grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
+            DOT_PRECISION=prec, V_STAGES=v_stages)
     dk_wy, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
                                          dgc_shares=dg)
 

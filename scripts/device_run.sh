@@ -2,7 +2,7 @@
 # On a GPU machine without a package registry: installs the carried jax-triton
 # wheel and this package into /tmp, then runs the given phases.
 #   bash scripts/device_run.sh JT PHASE...   JT: 03 (jax-triton 0.3.1) or 04 (0.4.1 + triton 3.6 shim)
-#   phases: info | save-autotune | test-fixed | test-tuned | test-gluon | test-gluon-walks | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | ab | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
+#   phases: info | save-autotune | test-fixed | test-tuned | test-gluon | test-gluon-walks | test-gluon-local | test-slow | test-chunk | bench | bench-chunk | bench-backward | bench-decode | breakdown | ab | profile-backward | test-cp | bench-cp | train | sweep | variants | profile | profile-ws | host-cost | assembler | <any command, run with the env set>
 # Carry: .whl (jt03/, jt04/ wheels; fla/ with the fla-core wheel for the comparison columns),
 # and .triton_autotune.tgz where an earlier call saved it.
 # Under 04, scripts/triton36_shim (a sitecustomize) goes on the path.
@@ -51,6 +51,11 @@ for phase in "$@"; do
     test-gluon-walks) GDN_JAX_GLUON_FWD_WALK=1 GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 \
       -p no:cacheprovider tests/test_chunk_fwd_gluon.py tests/test_chunk_bwd_gluon.py tests/test_chunk_grad_gpu.py \
       tests/test_intra_grad_gpu.py 2>&1 | tee "$OUT/test_gluon_walks_jt$JT.log" | tail -25;;
+    # the Gluon per-chunk kernel against the Triton one, then the gradient tests
+    # through it (GDN_JAX_GLUON_BWD_LOCAL=1), fixed configs
+    test-gluon-local) GDN_JAX_GLUON_BWD_LOCAL=1 GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 \
+      -p no:cacheprovider tests/test_chunk_bwd_local_gluon.py tests/test_chunk_grad_gpu.py \
+      2>&1 | tee "$OUT/test_gluon_local_jt$JT.log" | tail -25;;
     # the whole forward, its gradients and decode against float64, fixed configs
     test-chunk) GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 -p no:cacheprovider tests/test_chunk_gpu.py tests/test_chunk_grad_gpu.py tests/test_fused_recurrent_gpu.py 2>&1 | tee "$OUT/test_chunk_jt$JT.log" | tail -25;;
     # the autotuner results in Triton's cache, to carry to a later machine (see above)

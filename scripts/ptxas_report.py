@@ -165,6 +165,20 @@ def gluon_storing_walk_kernel(shape: Shape):
         dtype, H=shape.H, Hg=shape.Hg))]
 
 
+def gluon_per_chunk_kernel(shape: Shape):
+    """The :data:`KERNELS` entry of the backward's per-chunk kernel in Gluon
+    (``kernels/gluon_bwd_local.py``): its one launch config, compiled as
+    :func:`gdn_jax.chunk_bwd_local_gluon.compile_offline` does; ``K = V =
+    128`` only."""
+    from gdn_jax import chunk_bwd_local_gluon
+
+    if shape.K != 128 or shape.dtype == F32:
+        return []
+    dtype = {BF: "bfloat16", "*fp16": "float16"}[shape.dtype]
+    return [("BK=64, warps=4, persistent", lambda: chunk_bwd_local_gluon.compile_offline(
+        dtype, shape.varlen, H=shape.H, Hg=shape.Hg))]
+
+
 # The SUM_G of the A kernel, the walk and chunk_qk (g: the per-step gates, summed in the kernel): the
 # whole forward launches them with True (gdn_jax.chunk_bwd.core_forward), the split path and the
 # backward with False. The rows compile False; set True to see the forward's.
@@ -215,6 +229,7 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
                        DOT_PRECISION="tf32", QK_IN=True, FROM_A=True)),
     "forward walk storing the states in Gluon (gluon_fwd_walk)": gluon_storing_walk_kernel,
     "backward reverse walk in Gluon (gluon_bwd_walk)": gluon_walk_kernel,
+    "backward per chunk in Gluon (gluon_bwd_local)": gluon_per_chunk_kernel,
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,

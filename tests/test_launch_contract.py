@@ -99,10 +99,15 @@ def test_the_check_catches_an_operand_too_many(launches_checked):
 
 @pytest.fixture
 def gpu_reported(launches_checked, monkeypatch):
-    """The public ops take their GPU paths here, every launch checked as above."""
-    from gdn_jax import backend, chunk_walk, sharding
+    """The public ops take their GPU paths here, every launch checked as above:
+    the Triton kernels' (the Gluon kernels' launchers hold jax-triton's own
+    ``triton_call``, and asking whether a Gluon kernel can run would ask the
+    CPU for a compute capability)."""
+    from gdn_jax import backend, chunk_bwd_gluon, chunk_bwd_local_gluon, chunk_fwd_gluon, chunk_walk, sharding
 
     monkeypatch.setattr(backend, "cuda_available", lambda: True)
+    for module in (chunk_bwd_gluon, chunk_fwd_gluon, chunk_bwd_local_gluon):
+        monkeypatch.setattr(module, "gluon_environment_missing", lambda *a: "no Gluon in this test")
     for module in (sharding, chunk_walk, intra_bwd):
         module._triton_op.cache_clear()
     yield
