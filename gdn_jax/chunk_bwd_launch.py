@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from .chunk_bwd_gluon import reverse_walk_gluon, reverse_walk_types, walk_missing
 from .chunk_bwd_jnp import key_heads
-from .chunk_bwd_local_gluon import local_enabled, local_missing, per_chunk_gluon
+from .chunk_bwd_local_gluon import local_enabled, local_missing, per_chunk_gluon, wy_enabled, wy_gluon
 from .chunk_indices import cdiv, chunk_offsets
 from .chunk_launch import chunk_fwd_grid, chunk_qk_triton, chunk_walk_triton, programs_bucket
 from .triton_launch import check_grid, dot_precision, head_fastest_grid, launch
@@ -138,8 +138,12 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
             (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T), out=local_types,
             grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
             DOT_PRECISION=prec, V_STAGES=v_stages)
-    dk_wy, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
-                                         dgc_shares=dg)
+    if wy_enabled() and local_missing(k.dtype, K, V, T, varlen) is None:
+        dk_wy, dv, dbeta, da = wy_gluon(k, v, beta32, gc, A, dw, dv_new, dg, cu_seqlens, chunk_indices,
+                                        out=wy_bwd_types(k, v, beta, gc))
+    else:
+        dk_wy, dv, dbeta, da = wy_bwd_launch(k, v, beta, gc, A, dw, dv_new, None, cu_seqlens, chunk_indices,
+                                             dgc_shares=dg)
 
     return (key_heads(dq, Hg, q.dtype), key_heads(dk.astype(f32) + dk_wy.astype(f32), Hg, k.dtype), dv,
             da, dbeta, dh0)
@@ -165,6 +169,17 @@ def reverse_walk_triton(q, k, A, beta, gc, do, qk, dht, cu_seqlens, offsets, *, 
         DOT_PRECISION=dot_precision(), QK_IN=True, FROM_A=True)
 
 
+def wy_bwd_types(k, v, beta, gc):
+    """The WY kernel's results' types, either kernel's: ``dk [B, T, H, K]``
+    (bfloat16 for bfloat16 inputs, else float32), ``dv`` as ``v``, ``dbeta``
+    and ``dgc`` float32 as ``beta`` and ``gc``."""
+    B, T, _, K = k.shape
+    H = v.shape[2]
+    part = k.dtype if partials_in_input_dtype(k.dtype.name) else jnp.float32
+    return (jax.ShapeDtypeStruct((B, T, H, K), part), jax.ShapeDtypeStruct(v.shape, v.dtype),
+            jax.ShapeDtypeStruct(beta.shape, jnp.float32), jax.ShapeDtypeStruct(gc.shape, jnp.float32))
+
+
 def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_indices=None, dgc_shares=None):
     """``(dk, dv, dbeta, dgc)`` through ``fwd_intra``'s ``w``, ``u`` (and ``A``
     where ``dA`` is given) from the WY kernel (``kernels/wy_bwd.py``): ``dk``
@@ -185,15 +200,13 @@ def wy_bwd_launch(k, v, beta, gc, A, dw, du, dA=None, cu_seqlens=None, chunk_ind
     check_grid("backward", grid, ("chunks * value heads (NT * H)", "batch rows B"))
     dummy = jnp.zeros((1,), jnp.int32)
     f32 = jnp.float32
-    part = k.dtype if partials_in_input_dtype(k.dtype.name) else f32
     _, BVw, v_stages = value_blocks(K, V, k.dtype.itemsize)
     return launch(
         "wy_bwd", gdn_wy_bwd_kernel,
         (k, v, beta, gc, A, dw, du, dummy if dA is None else dA,
          jnp.zeros((1,), f32) if dgc_shares is None else dgc_shares, cu_seqlens if varlen else dummy,
          chunk_indices if varlen else dummy, T),
-        out=(jax.ShapeDtypeStruct((B, T, H, K), part), jax.ShapeDtypeStruct((B, T, H, V), v.dtype),
-             jax.ShapeDtypeStruct(beta.shape, f32), jax.ShapeDtypeStruct(gc.shape, f32)),
+        out=wy_bwd_types(k, v, beta, gc),
         grid=grid, H=H, Hg=Hg, K=K, V=V, BT=BT, BK=_pow2(K), BV=BVw, IS_VARLEN=varlen,
         DOT_PRECISION=dot_precision(), V_STAGES=v_stages, DA_IN=dA is not None,
         NK_IN=0 if dgc_shares is None else dgc_shares.shape[0], REV_CUMSUM=dgc_shares is not None)

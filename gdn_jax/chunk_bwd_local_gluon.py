@@ -1,14 +1,15 @@
-"""Launch of the backward's per-chunk gradients in Gluon
-(``kernels/gluon_bwd_local.py``) through jax-triton 0.4, which
-``chunk_bwd_launch.chunk_bwd_triton`` takes in place of the Triton kernel
-(``kernels/chunk_bwd_local.py``) where :func:`local_missing` says it can: a
-Hopper GPU, jax-triton >= 0.4, ``K = V = 128``, bfloat16 or float16. The two
-compute the same thing (docs/design.md); the Gluon one is persistent, one
-program an SM, and copies the next work item's tiles while it computes this
-one's (docs/performance.md).
+"""Launch of the backward's per-chunk kernels in Gluon, the per-chunk gradients
+(``kernels/gluon_bwd_local.py``) and the WY backward (``kernels/gluon_wy_bwd.py``),
+through jax-triton 0.4, which ``chunk_bwd_launch.chunk_bwd_triton`` takes in
+place of the Triton kernels (``kernels/chunk_bwd_local.py``, ``wy_bwd.py``)
+where :func:`local_missing` says they can: a Hopper GPU, jax-triton >= 0.4,
+``K = V = 128``, bfloat16 or float16. Each computes what its Triton kernel does
+(docs/design.md); each is persistent, one program an SM, and copies the next
+work item's tiles while it computes this one's (docs/performance.md).
 
-Off unless ``GDN_JAX_GLUON_BWD_LOCAL=1`` (:func:`local_enabled`) until it is
-measured against the Triton kernel on the GPU.
+Off unless ``GDN_JAX_GLUON_BWD_LOCAL=1`` (the per-chunk kernel) and
+``GDN_JAX_GLUON_WY=1`` (the WY kernel) (:func:`local_enabled`,
+:func:`wy_enabled`) until they are measured against the Triton kernels on the GPU.
 """
 from __future__ import annotations
 
@@ -30,8 +31,14 @@ def local_enabled() -> bool:
     return os.environ.get("GDN_JAX_GLUON_BWD_LOCAL", "0") == "1"
 
 
+def wy_enabled() -> bool:
+    """Whether ``GDN_JAX_GLUON_WY=1`` asks ``chunk_bwd_triton`` for the Gluon
+    WY kernel where it can run (off by default: not yet timed)."""
+    return os.environ.get("GDN_JAX_GLUON_WY", "0") == "1"
+
+
 def local_missing(dtype, K: int, V: int, T: int, varlen: bool) -> str | None:
-    """Why the Gluon per-chunk kernel cannot take a launch of inputs of
+    """Why the Gluon per-chunk and WY kernels cannot take a launch of inputs of
     ``dtype`` with ``K`` key and ``V`` value columns and ``T`` rows per batch
     row (``varlen``: a packed batch) here, or None when it can."""
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
@@ -40,7 +47,7 @@ def local_missing(dtype, K: int, V: int, T: int, varlen: bool) -> str | None:
         return f"it takes K = V = 128, got K={K}, V={V}"
     if T == 1 and not varlen:
         return "it takes T > 1 at fixed length (jax-triton passes T = 1 as a constant)"
-    return gluon_environment_missing("gluon_bwd_local", False)
+    return gluon_environment_missing("gluon_bwd_local", False) or gluon_environment_missing("gluon_wy_bwd", False)
 
 
 def per_chunk_gluon(q, k, v_new, gc, do, dv_new, h, dh, cu_seqlens, chunk_indices, *, scale, out):
@@ -66,6 +73,30 @@ def per_chunk_gluon(q, k, v_new, gc, do, dv_new, h, dh, cu_seqlens, chunk_indice
         num_warps=4, H=H, Hg=Hg, K=K, V=V, B=B, NTL=NTL, IS_VARLEN=varlen)
 
 
+def wy_gluon(k, v, beta, gc, A, dw, du, dgc_shares, cu_seqlens, chunk_indices, *, out):
+    """``(dk, dv, dbeta, da)`` of the WY kernel as the chunk backward launches
+    it (the per-chunk kernel's ``dgc_shares [NK, B, T, H]`` float32 added,
+    ``da`` the per-step gates' cotangent), of the types ``out`` (the Triton
+    launch's, ``chunk_bwd_launch.wy_bwd_types``). ``k [B, T, Hg, K]``; ``v``,
+    ``du [B, T, H, V]``; ``beta``, ``gc [B, T, H]`` float32; ``A [B, T, H,
+    64]``; ``dw [B, T, H, K]``; ``cu_seqlens`` and ``chunk_indices`` int32
+    or None (fixed length)."""
+    from .kernels.gluon_wy_bwd import gdn_wy_bwd_gluon_kernel
+
+    compile_gluon_as_triton_does()
+    B, T, Hg, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    varlen = cu_seqlens is not None
+    NTL = chunk_indices.shape[0] if varlen else cdiv(T, 64)
+    n_sm = getattr(jax.devices()[0], "core_count", 132)
+    dummy = jnp.zeros((1,), jnp.int32)
+    return triton_call(
+        k, v, beta, gc, A, dw, du, dgc_shares, cu_seqlens if varlen else dummy,
+        chunk_indices if varlen else dummy, T, kernel=gdn_wy_bwd_gluon_kernel, out=out,
+        grid=(max(1, min(NTL * H * B, n_sm)),), num_warps=4, H=H, Hg=Hg, K=K, V=V, B=B, NTL=NTL,
+        IS_VARLEN=varlen, NK_IN=dgc_shares.shape[0])
+
+
 def compile_offline(dtype: str = "bfloat16", varlen: bool = False, B: int = 8, T: int = 4096, H: int = 32,
                     Hg: int = 16):
     """The kernel compiled for ``sm_90a`` without a GPU (the installed triton's
@@ -81,4 +112,19 @@ def compile_offline(dtype: str = "bfloat16", varlen: bool = False, B: int = 8, T
                scale="fp32", T="i32", dq=part, dk=part, dw=x, dg="*fp32")
     NTL = cdiv(T, 64) + B if varlen else cdiv(T, 64)
     constexprs = dict(H=H, Hg=Hg, K=128, V=128, B=1 if varlen else B, NTL=NTL, IS_VARLEN=varlen)
+    return compile_gluon_offline(fn, sig, constexprs, dict(num_warps=4))
+
+
+def compile_offline_wy(dtype: str = "bfloat16", varlen: bool = False, B: int = 8, T: int = 4096, H: int = 32,
+                       Hg: int = 16):
+    """The WY kernel compiled for ``sm_90a`` without a GPU, as
+    :func:`compile_offline` compiles the per-chunk kernel."""
+    from .kernels.gluon_wy_bwd import gdn_wy_bwd_gluon_kernel as fn
+
+    x = {"bfloat16": "*bf16", "float16": "*fp16"}[dtype]
+    part = x if dtype == "bfloat16" else "*fp32"  # chunk_bwd_launch.partials_in_input_dtype
+    sig = dict(k=x, v=x, beta="*fp32", gc="*fp32", A=x, dw=x, du=x, dg_in="*fp32", cu_seqlens="*i32",
+               chunk_indices="*i32", T="i32", dk=part, dv=x, dbeta="*fp32", dg="*fp32")
+    NTL = cdiv(T, 64) + B if varlen else cdiv(T, 64)
+    constexprs = dict(H=H, Hg=Hg, K=128, V=128, B=1 if varlen else B, NTL=NTL, IS_VARLEN=varlen, NK_IN=128 // BK)
     return compile_gluon_offline(fn, sig, constexprs, dict(num_warps=4))

@@ -45,26 +45,32 @@ COLS = gl.constexpr(gl.SliceLayout(0, _MMA))
 
 
 @gluon.jit
+def chunk_rows(c, cu_seqlens, chunk_indices, T, NTL: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """``(row, n)`` of chunk ``c`` (int64; its place in a packed batch's chunk
+    list, else in the ``B x NTL`` chunks of fixed-length rows): its first row
+    in the flattened ``B T`` rows and the rows of its sequence from there
+    (none at a packed batch's padding row, fewer than 64 at a last chunk)."""
+    if IS_VARLEN:
+        i_n = gl.load(chunk_indices + c * 2)
+        i_t = gl.load(chunk_indices + c * 2 + 1).to(gl.int64)
+        bos = gl.load(cu_seqlens + i_n).to(gl.int64)
+        seq_len = gl.load(cu_seqlens + i_n + 1).to(gl.int64) - bos
+    else:
+        i_t = c % NTL
+        bos = (c // NTL) * T
+        seq_len = bos * 0 + T
+    return bos + i_t * BT, seq_len - i_t * BT
+
+
+@gluon.jit
 def work_item(t, cu_seqlens, chunk_indices, T, H: gl.constexpr, NK: gl.constexpr, NTL: gl.constexpr,
               IS_VARLEN: gl.constexpr):
     """``(i_k, i_h, h_row, row, n)`` of work item ``t``: its K block, value
     head, its chunk's row in ``h`` and ``dh`` (its place in the chunk list),
-    the chunk's first row in the flattened ``B T`` rows (int64) and the rows
-    of its sequence from there (none or fewer than 64 at a packed batch's
-    padding item and a last chunk)."""
-    i_k = t % NK
-    i_h = (t // NK) % H
+    and :func:`chunk_rows`' ``row``, ``n``."""
     h_row = (t // (NK * H)).to(gl.int64)
-    if IS_VARLEN:
-        i_n = gl.load(chunk_indices + h_row * 2)
-        i_t = gl.load(chunk_indices + h_row * 2 + 1).to(gl.int64)
-        bos = gl.load(cu_seqlens + i_n).to(gl.int64)
-        seq_len = gl.load(cu_seqlens + i_n + 1).to(gl.int64) - bos
-    else:
-        i_t = h_row % NTL
-        bos = (h_row // NTL) * T
-        seq_len = bos * 0 + T
-    return i_k, i_h, h_row, bos + i_t * BT, seq_len - i_t * BT
+    row, n = chunk_rows(h_row, cu_seqlens, chunk_indices, T, NTL, IS_VARLEN)
+    return t % NK, (t // NK) % H, h_row, row, n
 
 
 @gluon.jit

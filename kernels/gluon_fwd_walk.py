@@ -42,12 +42,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_intra import cp_async_load, partition_barrier
-from .gluon_walk import BT, L1, LV, MMA, ROWS, S1, S64, S128, state_tile, walk_offsets, walk_program
-
-
-@gluon.jit
-def add(a, b):
-    return a + b
+from .gluon_walk import BT, L1, LV, MMA, ROWS, S1, S64, S128, add, state_tile, walk_offsets, walk_program
 
 
 @gluon.jit

@@ -22,6 +22,12 @@ S1 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
 
 @gluon.jit
+def add(a, b):
+    """The sum, as ``gl.associative_scan`` takes it (a cumulative sum)."""
+    return a + b
+
+
+@gluon.jit
 def walk_program(H: gl.constexpr, Hg: gl.constexpr, V: gl.constexpr):
     """``(i_v, i_h, i_n, i_hk)``: this program's V block, value head,
     sequence and the key head it reads (GQA)."""

@@ -51,9 +51,9 @@ for phase in "$@"; do
     test-gluon-walks) GDN_JAX_GLUON_FWD_WALK=1 GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 \
       -p no:cacheprovider tests/test_chunk_fwd_gluon.py tests/test_chunk_bwd_gluon.py tests/test_chunk_grad_gpu.py \
       tests/test_intra_grad_gpu.py 2>&1 | tee "$OUT/test_gluon_walks_jt$JT.log" | tail -25;;
-    # the Gluon per-chunk kernel against the Triton one, then the gradient tests
-    # through it (GDN_JAX_GLUON_BWD_LOCAL=1), fixed configs
-    test-gluon-local) GDN_JAX_GLUON_BWD_LOCAL=1 GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 \
+    # the Gluon per-chunk and WY kernels against the Triton ones, then the gradient
+    # tests through both (GDN_JAX_GLUON_BWD_LOCAL=1 GDN_JAX_GLUON_WY=1), fixed configs
+    test-gluon-local) GDN_JAX_GLUON_BWD_LOCAL=1 GDN_JAX_GLUON_WY=1 GDN_JAX_AUTOTUNE=0 python3 -P -m pytest -q -rfs -m "gpu and not slow" -n 8 \
       -p no:cacheprovider tests/test_chunk_bwd_local_gluon.py tests/test_chunk_grad_gpu.py \
       2>&1 | tee "$OUT/test_gluon_local_jt$JT.log" | tail -25;;
     # the whole forward, its gradients and decode against float64, fixed configs

@@ -179,6 +179,18 @@ def gluon_per_chunk_kernel(shape: Shape):
         dtype, shape.varlen, H=shape.H, Hg=shape.Hg))]
 
 
+def gluon_wy_kernel(shape: Shape):
+    """The :data:`KERNELS` entry of the backward's WY kernel in Gluon
+    (``kernels/gluon_wy_bwd.py``), as :func:`gluon_per_chunk_kernel`."""
+    from gdn_jax import chunk_bwd_local_gluon
+
+    if shape.K != 128 or shape.dtype == F32:
+        return []
+    dtype = {BF: "bfloat16", "*fp16": "float16"}[shape.dtype]
+    return [("warps=4, persistent", lambda: chunk_bwd_local_gluon.compile_offline_wy(
+        dtype, shape.varlen, H=shape.H, Hg=shape.Hg))]
+
+
 # The SUM_G of the A kernel, the walk and chunk_qk (g: the per-step gates, summed in the kernel): the
 # whole forward launches them with True (gdn_jax.chunk_bwd.core_forward), the split path and the
 # backward with False. The rows compile False; set True to see the forward's.
@@ -230,6 +242,7 @@ KERNELS = {  # row name: shape -> [(config label, compile thunk)]; one entry per
     "forward walk storing the states in Gluon (gluon_fwd_walk)": gluon_storing_walk_kernel,
     "backward reverse walk in Gluon (gluon_bwd_walk)": gluon_walk_kernel,
     "backward per chunk in Gluon (gluon_bwd_local)": gluon_per_chunk_kernel,
+    "backward WY in Gluon (gluon_wy_bwd)": gluon_wy_kernel,
     "backward per chunk (chunk_bwd_local)": triton_kernel(
         "chunk_bwd_local", "gdn_chunk_bwd_local_kernel",
         lambda s: dict(q=s.dtype, k=s.dtype, v_new=s.dtype, gc=F32, do=s.dtype, dv=s.dtype, h=s.dtype,
