@@ -170,7 +170,10 @@ def gdn_chunk_bwd_local_gluon_kernel(q, k, v_new, gc, do, dv, h, dh, cu_seqlens,
         t_dw = warpgroup_mma(dv_s.index(s), s_s.index(s).permute((1, 0)), zero, use_acc=False,
                              is_async=True)  # dv' S^T
         # <dS', S> and the gates while they run
-        sds = gl.sum(gl.sum(ds_s.index(s).load(LK).to(gl.float32) * s_s.index(s).load(LK).to(gl.float32), 1), 0)
+        sds = 0.0
+        for r in gl.static_range(4):  # in four pieces of 16 rows: fewer registers beside the four accumulators
+            sds += gl.sum(gl.sum(ds_s.index(s).slice(16 * r, 16, 0).load(LK).to(gl.float32)
+                                 * s_s.index(s).slice(16 * r, 16, 0).load(LK).to(gl.float32), 1), 0)
         b_g = g_s.index(s).load(ROWS)  # rows past the end hold 0
         g_c = g_s.index(s).load(COLS)
         m_r = o_r < n
