@@ -165,6 +165,8 @@ def gdn_wy_bwd_gluon_kernel(k, v, beta, gc, A, dw, du, dg_in, cu_seqlens, chunk_
         # the K side's [64, 64] products: dw k^T (into dA), then k k^T beside dA A^T
         t_dwk = warpgroup_mma(dw_s.index(s), k_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         b_duv, b_dwk = warpgroup_mma_wait(0, deps=[t_duv, t_dwk])
+        # rowsum((A^T dw) k) = colsum(A (dw k^T)): from the [64, 64] product, not the [64, K] one
+        b_kdw = gl.convert_layout(gl.sum(a_s.index(s).load(MMA).to(gl.float32) * b_dwk, 0), ROWS)
         b_dA = b_duv * beta_c[None, :] + b_dwk * (beta_c * e_c)[None, :]
         x_s.store(b_dA.to(dt))
         fence_async_shared()
@@ -188,11 +190,9 @@ def gdn_wy_bwd_gluon_kernel(k, v, beta, gc, A, dw, du, dg_in, cu_seqlens, chunk_
         partition_barrier()
         # dk: beta e (A^T dw), then + (dL beta E) k + (dL beta E)^T k into the same accumulator
         b_atdw = warpgroup_mma(At, dw_s.index(s), gl.zeros([BT, K], gl.float32, MMA128), use_acc=False)
-        b_kdw = gl.sum(b_atdw * k_s.index(s).load(MMA128).to(gl.float32), 1)
         be = gl.convert_layout(b_beta * b_e, ROWS128)
         t_dk = warpgroup_mma(z_s, k_s.index(s), b_atdw * be[:, None], is_async=True)
         t_dk = warpgroup_mma(z_s.permute((1, 0)), k_s.index(s), t_dk, is_async=True)
-        b_kdw = gl.convert_layout(b_kdw, ROWS)
         b_db += b_e * b_kdw
         b_dg += b_beta * b_e * b_kdw
         gl.store(dbeta + (row + o_r) * H + i_h, b_db, mask=m_r)
