@@ -3,7 +3,9 @@ chunk states and ``v'`` (the forward's walk from ``A``), the reverse walk,
 the per-chunk gradients and the WY backward (``kernels/chunk_bwd_walk.py``,
 ``kernels/chunk_bwd_local.py``, ``kernels/wy_bwd.py``; the WY kernel adds the
 per-chunk kernel's shares of the gates' cotangent and takes its reverse cumsum
-within each chunk), then the sums over GQA heads in jnp.
+within each chunk), then the sums over GQA heads in jnp. On Hopper the reverse
+walk runs in Gluon (``chunk_bwd_gluon``), and so, where switched on, do the
+per-chunk and WY kernels (``chunk_bwd_local_gluon``).
 
 What the forward keeps for it: ``A`` of ``fwd_intra`` (``[B, T, H, 64]``),
 the output's attention block its walk read (``chunk_qk``, as large; formed
