@@ -127,20 +127,21 @@ def test_chunk_backward_through_them_equals_the_triton_kernels(monkeypatch, loca
             return getattr(chunk_bwd_local_gluon, name)(*args, **kwargs)
         return launch
 
-    def backward(q, k, v, gc, beta, A, h0, do, dht):
-        return chunk_bwd_launch.chunk_bwd_triton(q, k, v, gc, beta, A, h0, do, dht, cu_j, ci, scale=128 ** -0.5)
+    def backward():  # a new function each time: jax.jit would reuse the first one's trace
+        return lambda q, k, v, gc, beta, A, h0, do, dht: chunk_bwd_launch.chunk_bwd_triton(
+            q, k, v, gc, beta, A, h0, do, dht, cu_j, ci, scale=128 ** -0.5)
 
     args = (x["q"], x["k"], v, x["gc"], x["beta"], x["A"], h0, x["do"], x["dht"])
     for name in ("per_chunk_gluon", "wy_gluon"):
         monkeypatch.setattr(chunk_bwd_launch, name, seen(name))
     monkeypatch.setattr(chunk_bwd_launch, "local_enabled", lambda: local)
     monkeypatch.setattr(chunk_bwd_launch, "wy_enabled", lambda: wy)
-    got = jax.jit(backward)(*args)
+    got = jax.jit(backward())(*args)
     expected = ["per_chunk_gluon"] * local + ["wy_gluon"] * wy
     assert launched == expected, launched
     monkeypatch.setattr(chunk_bwd_launch, "local_enabled", lambda: False)  # the Triton kernels
     monkeypatch.setattr(chunk_bwd_launch, "wy_enabled", lambda: False)
-    want = jax.jit(backward)(*args)
+    want = jax.jit(backward())(*args)
     assert launched == expected
     tol = 1e-2 if dtype == jnp.bfloat16 else 2e-3  # D and the partials rounded to dtype, in either
     for name, g, w in zip(("dq", "dk", "dv", "da", "dbeta", "dh0"), got, want):

@@ -111,17 +111,17 @@ def test_gluon_walk_equals_the_triton_walk(monkeypatch, dtype, B, T, use_h0, fin
         launched.append(True)
         return chunk_fwd_gluon.storing_walk_gluon(*args, **kwargs)
 
-    def walk(q, k, A, v, a, beta, qk, h0):
-        return chunk_launch.chunk_walk_triton(q, k, A, v, a, h0, scale=128 ** -0.5, store_final=final,
-                                              store_h=True, store_v=True, state_v_first=v_first, beta=beta,
-                                              qk=qk, sum_g=True)
+    def walk():  # a new function each time: jax.jit would reuse the first one's trace
+        return lambda q, k, A, v, a, beta, qk, h0: chunk_launch.chunk_walk_triton(
+            q, k, A, v, a, h0, scale=128 ** -0.5, store_final=final, store_h=True, store_v=True,
+            state_v_first=v_first, beta=beta, qk=qk, sum_g=True)
 
     monkeypatch.setattr(chunk_launch, "storing_walk_gluon", gluon)
     monkeypatch.setattr(chunk_launch, "storing_walk_enabled", lambda: True)
-    got = jax.jit(walk)(*x.values(), h0)
+    got = jax.jit(walk())(*x.values(), h0)
     assert launched, "the Gluon walk did not run"
     monkeypatch.setattr(chunk_launch, "storing_walk_enabled", lambda: False)  # the Triton kernel
-    want = jax.jit(walk)(*x.values(), h0)
+    want = jax.jit(walk())(*x.values(), h0)
     assert len(launched) == 1
     tol = 1e-2 if dtype == jnp.bfloat16 else 2e-3  # the state rounded to dtype for its products, in either
     for name, g, w in zip(("o", "final state", "h", "v'"), got, want):
