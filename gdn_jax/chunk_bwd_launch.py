@@ -131,7 +131,8 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
     per_head_k = jax.ShapeDtypeStruct((B, T, H, K), part)
     local_types = (per_head_k, per_head_k, jax.ShapeDtypeStruct((B, T, H, K), k.dtype),
                    jax.ShapeDtypeStruct((NK, B, T, H), f32))
-    if local_enabled() and local_missing(k.dtype, K, V, T, varlen) is None:
+    gluon = local_missing(k.dtype, K, V, T, varlen) is None  # where the switches below may take Gluon
+    if local_enabled() and gluon:
         dq, dk, dw, dg = per_chunk_gluon(q, k, v_new, gc, do, dv_new, h, dh, cu_seqlens, chunk_indices,
                                          scale=scale, out=local_types)
     else:
@@ -140,7 +141,7 @@ def chunk_bwd_triton(q, k, v, gc, beta, A, initial_state, do, dht, cu_seqlens=No
             (q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T), out=local_types,
             grid=(grid[0] * NK, grid[1]), H=H, Hg=Hg, K=K, V=V, BT=BT, BK=BKl, BV=BVl, IS_VARLEN=varlen,
             DOT_PRECISION=prec, V_STAGES=v_stages)
-    if wy_enabled() and local_missing(k.dtype, K, V, T, varlen) is None:
+    if wy_enabled() and gluon:
         dk_wy, dv, dbeta, da = wy_gluon(k, v, beta32, gc, A, dw, dv_new, dg, cu_seqlens, chunk_indices,
                                         out=wy_bwd_types(k, v, beta, gc))
     else:

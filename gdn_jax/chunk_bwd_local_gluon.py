@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import os
 
-import jax
 import jax.numpy as jnp
 
 from .chunk_indices import cdiv
-from .gluon_launch import compile_gluon_as_triton_does, compile_gluon_offline, gluon_environment_missing
+from .gluon_launch import compile_gluon_as_triton_does, compile_gluon_offline, gluon_environment_missing, sm_count
 from .triton_launch import triton_call
 
 BK = 64  # key columns of a work item (the Triton kernel's K blocks)
@@ -50,6 +49,22 @@ def local_missing(dtype, K: int, V: int, T: int, varlen: bool) -> str | None:
     return gluon_environment_missing("gluon_bwd_local", False) or gluon_environment_missing("gluon_wy_bwd", False)
 
 
+def persistent_launch(B: int, T: int, H: int, blocks: int, cu_seqlens, chunk_indices):
+    """``(cu_seqlens, chunk_indices, grid, constexprs)`` of either kernel's
+    launch over ``B`` rows of ``T`` (packed where ``cu_seqlens`` is given)
+    with ``blocks`` work items per chunk and value head: the work list (1-element
+    placeholders at fixed length), at most one program an SM, and the
+    constexprs ``B``, ``NTL`` (chunks per batch row, or the packed work
+    list's rows), ``IS_VARLEN``. Readies jax-triton for a Gluon launch."""
+    compile_gluon_as_triton_does()
+    varlen = cu_seqlens is not None
+    NTL = chunk_indices.shape[0] if varlen else cdiv(T, 64)
+    dummy = jnp.zeros((1,), jnp.int32)
+    grid = (max(1, min(NTL * H * blocks * B, sm_count())),)
+    return (cu_seqlens if varlen else dummy, chunk_indices if varlen else dummy, grid,
+            dict(B=B, NTL=NTL, IS_VARLEN=varlen))
+
+
 def per_chunk_gluon(q, k, v_new, gc, do, dv_new, h, dh, cu_seqlens, chunk_indices, *, scale, out):
     """``(dq, dk, dw, dg)`` of the per-chunk kernel, of the types ``out`` (the
     Triton launch's in ``chunk_bwd_triton``: ``dq``, ``dk``, ``dw [B, T, H,
@@ -59,18 +74,12 @@ def per_chunk_gluon(q, k, v_new, gc, do, dv_new, h, dh, cu_seqlens, chunk_indice
     int32 or None (fixed length)."""
     from .kernels.gluon_bwd_local import gdn_chunk_bwd_local_gluon_kernel
 
-    compile_gluon_as_triton_does()
     B, T, Hg, K = k.shape
     H, V = v_new.shape[2], v_new.shape[3]
-    varlen = cu_seqlens is not None
-    NTL = chunk_indices.shape[0] if varlen else cdiv(T, 64)
-    items = NTL * H * cdiv(K, BK) * B
-    n_sm = getattr(jax.devices()[0], "core_count", 132)
-    dummy = jnp.zeros((1,), jnp.int32)
+    cu, ci, grid, constexprs = persistent_launch(B, T, H, cdiv(K, BK), cu_seqlens, chunk_indices)
     return triton_call(
-        q, k, v_new, gc, do, dv_new, h, dh, cu_seqlens if varlen else dummy, chunk_indices if varlen else dummy,
-        float(scale), T, kernel=gdn_chunk_bwd_local_gluon_kernel, out=out, grid=(max(1, min(items, n_sm)),),
-        num_warps=4, H=H, Hg=Hg, K=K, V=V, B=B, NTL=NTL, IS_VARLEN=varlen)
+        q, k, v_new, gc, do, dv_new, h, dh, cu, ci, float(scale), T, kernel=gdn_chunk_bwd_local_gluon_kernel,
+        out=out, grid=grid, num_warps=4, H=H, Hg=Hg, K=K, V=V, **constexprs)
 
 
 def wy_gluon(k, v, beta, gc, A, dw, du, dgc_shares, cu_seqlens, chunk_indices, *, out):
@@ -83,18 +92,12 @@ def wy_gluon(k, v, beta, gc, A, dw, du, dgc_shares, cu_seqlens, chunk_indices, *
     or None (fixed length)."""
     from .kernels.gluon_wy_bwd import gdn_wy_bwd_gluon_kernel
 
-    compile_gluon_as_triton_does()
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
-    varlen = cu_seqlens is not None
-    NTL = chunk_indices.shape[0] if varlen else cdiv(T, 64)
-    n_sm = getattr(jax.devices()[0], "core_count", 132)
-    dummy = jnp.zeros((1,), jnp.int32)
+    cu, ci, grid, constexprs = persistent_launch(B, T, H, 1, cu_seqlens, chunk_indices)
     return triton_call(
-        k, v, beta, gc, A, dw, du, dgc_shares, cu_seqlens if varlen else dummy,
-        chunk_indices if varlen else dummy, T, kernel=gdn_wy_bwd_gluon_kernel, out=out,
-        grid=(max(1, min(NTL * H * B, n_sm)),), num_warps=4, H=H, Hg=Hg, K=K, V=V, B=B, NTL=NTL,
-        IS_VARLEN=varlen, NK_IN=dgc_shares.shape[0])
+        k, v, beta, gc, A, dw, du, dgc_shares, cu, ci, T, kernel=gdn_wy_bwd_gluon_kernel, out=out, grid=grid,
+        num_warps=4, H=H, Hg=Hg, K=K, V=V, NK_IN=dgc_shares.shape[0], **constexprs)
 
 
 def compile_offline(dtype: str = "bfloat16", varlen: bool = False, B: int = 8, T: int = 4096, H: int = 32,
@@ -106,12 +109,9 @@ def compile_offline(dtype: str = "bfloat16", varlen: bool = False, B: int = 8, T
     ``.metadata.shared``)."""
     from .kernels.gluon_bwd_local import gdn_chunk_bwd_local_gluon_kernel as fn
 
-    x = {"bfloat16": "*bf16", "float16": "*fp16"}[dtype]
-    part = x if dtype == "bfloat16" else "*fp32"  # chunk_bwd_launch.partials_in_input_dtype
+    x, part, constexprs = offline_launch(dtype, varlen, B, T, H, Hg)
     sig = dict(q=x, k=x, v_new=x, gc="*fp32", do=x, dv=x, h=x, dh=x, cu_seqlens="*i32", chunk_indices="*i32",
                scale="fp32", T="i32", dq=part, dk=part, dw=x, dg="*fp32")
-    NTL = cdiv(T, 64) + B if varlen else cdiv(T, 64)
-    constexprs = dict(H=H, Hg=Hg, K=128, V=128, B=1 if varlen else B, NTL=NTL, IS_VARLEN=varlen)
     return compile_gluon_offline(fn, sig, constexprs, dict(num_warps=4))
 
 
@@ -121,10 +121,19 @@ def compile_offline_wy(dtype: str = "bfloat16", varlen: bool = False, B: int = 8
     :func:`compile_offline` compiles the per-chunk kernel."""
     from .kernels.gluon_wy_bwd import gdn_wy_bwd_gluon_kernel as fn
 
-    x = {"bfloat16": "*bf16", "float16": "*fp16"}[dtype]
-    part = x if dtype == "bfloat16" else "*fp32"  # chunk_bwd_launch.partials_in_input_dtype
+    x, part, constexprs = offline_launch(dtype, varlen, B, T, H, Hg)
     sig = dict(k=x, v=x, beta="*fp32", gc="*fp32", A=x, dw=x, du=x, dg_in="*fp32", cu_seqlens="*i32",
                chunk_indices="*i32", T="i32", dk=part, dv=x, dbeta="*fp32", dg="*fp32")
+    return compile_gluon_offline(fn, sig, {**constexprs, "NK_IN": 128 // BK}, dict(num_warps=4))
+
+
+def offline_launch(dtype: str, varlen: bool, B: int, T: int, H: int, Hg: int):
+    """``(pointer type, partials' pointer type, constexprs)`` of an offline
+    compile of either kernel for inputs of ``dtype`` at ``K = V = 128``
+    (:func:`compile_offline`'s shapes)."""
+    from .chunk_bwd_launch import partials_in_input_dtype
+
+    x = {"bfloat16": "*bf16", "float16": "*fp16"}[dtype]
+    part = x if partials_in_input_dtype(dtype) else "*fp32"
     NTL = cdiv(T, 64) + B if varlen else cdiv(T, 64)
-    constexprs = dict(H=H, Hg=Hg, K=128, V=128, B=1 if varlen else B, NTL=NTL, IS_VARLEN=varlen, NK_IN=128 // BK)
-    return compile_gluon_offline(fn, sig, constexprs, dict(num_warps=4))
+    return x, part, dict(H=H, Hg=Hg, K=128, V=128, B=1 if varlen else B, NTL=NTL, IS_VARLEN=varlen)

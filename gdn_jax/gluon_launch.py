@@ -173,6 +173,13 @@ def compile_gluon_as_triton_does():
     triton_lib.TritonFunction._compile_kernel = _compile_kernel
 
 
+def sm_count() -> int:
+    """Streaming multiprocessors of JAX's first device (132, an H100's or
+    H200's, where the device does not say): the programs of a persistent
+    launch, one an SM."""
+    return getattr(jax.devices()[0], "core_count", 132)
+
+
 def fwd_intra_gluon(k, v, g, beta):
     """``(w, u, A)`` of fixed-length inputs by the Gluon kernel (shapes as
     :func:`gdn_jax.fwd_intra`; the inputs passed :func:`input_mismatch`).
@@ -185,8 +192,7 @@ def fwd_intra_gluon(k, v, g, beta):
     B, T, Hg, K = k.shape
     H, V = v.shape[2], v.shape[3]
     g = jnp.zeros((B, T, H), jnp.float32) if g is None else g.astype(jnp.float32)
-    n_sm = getattr(jax.devices()[0], "core_count", 132)
-    grid, scalars, constexprs, maxnreg = launch_args(B, T, Hg, H, K, V, n_sm)
+    grid, scalars, constexprs, maxnreg = launch_args(B, T, Hg, H, K, V, sm_count())
     A = jax.ShapeDtypeStruct((B, T, H, 64), k.dtype)
     call = functools.partial(jt.triton_call, kernel=gdn_fwd_intra_gluon_kernel, grid=grid, num_warps=WARPS,
                              backend_options={"maxnreg": maxnreg}, **constexprs)

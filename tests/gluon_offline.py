@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 
-# Shared memory of one program that lets two run on an sm_90 SM (233472 bytes,
-# 1 KB of them reserved per program).
+# Shared memory of one program that runs alone on an sm_90 SM, and of one that
+# lets two run there (233472 bytes, 1 KB of them reserved per program).
+ONE_PER_SM = 233472 - 1024
 TWO_PER_SM = 233472 // 2 - 1024
 
 _COMPILE = """

@@ -15,13 +15,10 @@ import pytest
 from gdn_jax import chunk_bwd_launch, chunk_bwd_local_gluon, triton_launch
 from gdn_jax.backend import cuda_available
 from gdn_jax.chunk_indices import varlen_work_list
-from gluon_offline import compiled_in_fresh_process
+from gluon_offline import ONE_PER_SM, compiled_in_fresh_process
 from numpy_reference import rel_err
 from test_chunk_bwd_gluon import walk_inputs
 from test_launch_contract import checked_call
-
-# Shared memory of one program an sm_90 SM holds (233472 bytes, 1 KB reserved)
-ONE_PER_SM = 233472 - 1024
 
 
 @pytest.mark.parametrize("switch,enabled", [("GDN_JAX_GLUON_BWD_LOCAL", "local_enabled"),
